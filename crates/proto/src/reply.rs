@@ -170,7 +170,9 @@ impl ChunkHeader {
                 Err(bad("OFFSET_DATA larger than the maximum payload"))
             }
             chunk_type::OFFSET_HOLE if self.length != 12 => Err(bad("OFFSET_HOLE not 12 bytes")),
-            chunk_type::BLOCK_STATUS if self.length < 12 || !(self.length - 4).is_multiple_of(8) => {
+            chunk_type::BLOCK_STATUS
+                if self.length < 12 || !(self.length - 4).is_multiple_of(8) =>
+            {
                 Err(bad("BLOCK_STATUS length not 4 + 8n"))
             }
             chunk_type::BLOCK_STATUS if self.length > 4 + 8 * (1 << 20) => {

@@ -84,8 +84,8 @@ impl Request {
         let flags = ctx.flags;
         let end = self.offset.checked_add(u64::from(self.length));
         let within = matches!(end, Some(end) if end <= ctx.size);
-        let aligned =
-            self.offset.is_multiple_of(u64::from(ctx.min_block)) && self.length.is_multiple_of(ctx.min_block);
+        let aligned = self.offset.is_multiple_of(u64::from(ctx.min_block))
+            && self.length.is_multiple_of(ctx.min_block);
         let allowed_flags = match self.command {
             Command::Read => CmdFlags::FUA | if ctx.structured { CmdFlags::DF } else { 0 },
             Command::Write | Command::Trim => CmdFlags::FUA,

@@ -1,0 +1,26 @@
+//! Log output: `tracing` to stderr, its level set by `-v`/`-q` or
+//! `RUST_LOG`.
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the subscriber. `-v` shows debug, `-vv` trace; `-q` shows only
+/// warnings, `-qq` only errors. `RUST_LOG`, when set, wins.
+pub fn init(verbose: u8, quiet: u8) {
+    let level = match (i16::from(verbose) - i16::from(quiet)).clamp(-2, 2) {
+        -2 => "error",
+        -1 => "warn",
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!(
+            "{level},braid={level},braid_target={level},braid_initiator={level}"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+}

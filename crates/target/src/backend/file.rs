@@ -1,0 +1,351 @@
+//! A regular file or a block device as a backend.
+//!
+//! Data moves with `pread`/`pwrite`; holes are punched and allocation is
+//! read with `fallocate` and `lseek(SEEK_DATA/SEEK_HOLE)` where the file
+//! system supports them, and the backend falls back to plain writes where
+//! it does not.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::path::{Path, PathBuf};
+
+use braid_proto::wire::state;
+
+use super::{Backend, Caps, Extent, ZeroError};
+
+/// At most this many extents per BLOCK_STATUS answer: the spec lets a
+/// server answer less than asked, and clients ask again from where it ends.
+const MAX_EXTENTS: usize = 4096;
+
+/// A file or block device, opened once and shared by every connection.
+#[derive(Debug)]
+pub struct FileBackend {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    block_device: bool,
+    rotational: bool,
+}
+
+impl FileBackend {
+    /// Opens `path` for reading, and for writing unless `read_only`.
+    ///
+    /// # Errors
+    ///
+    /// The OS error from opening or sizing the file, with its path in the
+    /// message.
+    pub fn open(path: &Path, read_only: bool) -> io::Result<Self> {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let meta = file.metadata()?;
+        let block_device = meta.file_type().is_block_device();
+        if !block_device && !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not a regular file or block device", path.display()),
+            ));
+        }
+        // Works for block devices too, where metadata().len() is 0.
+        let size = file.seek(SeekFrom::End(0))?;
+        let rotational = block_device && rotational(path);
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+            size,
+            block_device,
+            rotational,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate only reads its integer arguments; the fd is
+        // owned by self.file and open for the call's duration.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    fn lseek(&self, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+        // SAFETY: as above; lseek moves the shared offset, which this
+        // backend never uses (all data moves by pread/pwrite).
+        let rc = unsafe { libc::lseek(self.file.as_raw_fd(), offset as libc::off_t, whence) };
+        if rc >= 0 {
+            return Ok(Some(rc as u64));
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENXIO) {
+            Ok(None)
+        } else {
+            Err(err)
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let zeroes = vec![0u8; len.min(1 << 20) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(zeroes.len() as u64) as usize;
+            self.file.write_all_at(&zeroes[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) | Some(libc::ENODEV)
+    )
+}
+
+/// Reads `/sys/class/block/<dev>/queue/rotational` for a device node.
+fn rotational(path: &Path) -> bool {
+    let Ok(real) = std::fs::canonicalize(path) else {
+        return false;
+    };
+    let Some(name) = real.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    std::fs::read_to_string(format!("/sys/class/block/{name}/queue/rotational"))
+        .map(|s| s.trim() == "1")
+        .unwrap_or(false)
+}
+
+impl Backend for FileBackend {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            trim: true,
+            fast_zero: true,
+            extents: !self.block_device,
+            rotational: self.rotational,
+        }
+    }
+
+    fn blocking(&self) -> bool {
+        true
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)?;
+        if fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        match self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
+            Ok(()) => {}
+            // TRIM is advisory: a file system that cannot punch holes
+            // simply keeps the data.
+            Err(e) if unsupported(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        if fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn zero(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fast: bool,
+        fua: bool,
+    ) -> Result<(), ZeroError> {
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let zero_range = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+        let done = if may_trim {
+            self.fallocate(punch, offset, len)
+                .or_else(|_| self.fallocate(zero_range, offset, len))
+        } else {
+            // ZERO_RANGE keeps blocks allocated; where it is missing (tmpfs),
+            // punching then allocating gives the same result.
+            self.fallocate(zero_range, offset, len).or_else(|_| {
+                self.fallocate(punch, offset, len)?;
+                self.fallocate(libc::FALLOC_FL_KEEP_SIZE, offset, len)
+            })
+        };
+        match done {
+            Ok(()) => {}
+            Err(e) if unsupported(&e) => {
+                if fast {
+                    return Err(ZeroError::NotFast);
+                }
+                self.write_zeroes(offset, len)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if fua {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let end = offset.saturating_add(len).min(self.size);
+        if self.block_device || offset >= end {
+            return Ok(vec![Extent {
+                len: end.saturating_sub(offset).max(1),
+                flags: 0,
+            }]);
+        }
+        let hole = state::HOLE | state::ZERO;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < end && out.len() < MAX_EXTENTS {
+            let data = match self.lseek(pos, libc::SEEK_DATA) {
+                Ok(d) => d,
+                // No SEEK_DATA here: report everything as data.
+                Err(e) if unsupported(&e) => {
+                    out.push(Extent {
+                        len: end - pos,
+                        flags: 0,
+                    });
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            match data {
+                None => {
+                    out.push(Extent {
+                        len: end - pos,
+                        flags: hole,
+                    });
+                    pos = end;
+                }
+                Some(d) if d > pos => {
+                    let stop = d.min(end);
+                    out.push(Extent {
+                        len: stop - pos,
+                        flags: hole,
+                    });
+                    pos = stop;
+                }
+                Some(_) => {
+                    let h = self.lseek(pos, libc::SEEK_HOLE)?.unwrap_or(self.size);
+                    let stop = h.min(end).max(pos + 1);
+                    out.push(Extent {
+                        len: stop - pos,
+                        flags: 0,
+                    });
+                    pos = stop;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn cache(&self, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: posix_fadvise only reads its integer arguments.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(rc))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sparse(size: u64) -> (tempfile::NamedTempFile, FileBackend) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(size).unwrap();
+        let b = FileBackend::open(f.path(), false).unwrap();
+        (f, b)
+    }
+
+    #[test]
+    fn reads_back_what_was_written() {
+        let (_f, b) = sparse(1 << 20);
+        b.write_at(b"hello", 4093, false).unwrap();
+        let mut buf = [0u8; 7];
+        b.read_at(&mut buf, 4092).unwrap();
+        assert_eq!(&buf, b"\0hello\0");
+    }
+
+    #[test]
+    fn extents_see_holes_and_data() {
+        let (_f, b) = sparse(1 << 20);
+        b.write_at(&[1u8; 4096], 65536, false).unwrap();
+        let ext = b.extents(0, 1 << 20).unwrap();
+        let total: u64 = ext.iter().map(|e| e.len).sum();
+        assert_eq!(total, 1 << 20);
+        // Somewhere in there is data, and the start is a hole (on file
+        // systems without SEEK_DATA everything is data: accept that too).
+        if ext.len() > 1 {
+            assert_eq!(ext[0].flags, state::HOLE | state::ZERO);
+            assert!(ext.iter().any(|e| e.flags == 0));
+        }
+    }
+
+    #[test]
+    fn zero_and_trim_read_back_as_zero() {
+        let (_f, b) = sparse(1 << 20);
+        b.write_at(&[7u8; 8192], 0, false).unwrap();
+        b.zero(100, 5000, false, false, true).unwrap();
+        let mut buf = vec![0u8; 8192];
+        b.read_at(&mut buf, 0).unwrap();
+        assert!(buf[..100].iter().all(|&x| x == 7));
+        assert!(buf[100..5100].iter().all(|&x| x == 0));
+        assert!(buf[5100..].iter().all(|&x| x == 7));
+        b.zero(0, 8192, true, false, false).unwrap();
+        b.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn refuses_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let e = FileBackend::open(d.path(), true).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+    }
+}

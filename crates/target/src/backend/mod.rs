@@ -1,0 +1,121 @@
+//! Where an export's bytes live: the [`Backend`] trait and its
+//! implementations (a file or block device, or sparse memory).
+//!
+//! Backends are synchronous and assume valid input: offsets and lengths
+//! were checked against the export at the protocol edge
+//! ([`braid_proto::Request::validate`]) before any call reaches them.
+
+mod file;
+mod mem;
+
+use std::io;
+
+pub use file::FileBackend;
+pub use mem::MemBackend;
+
+/// What a backend can do, as nbdkit's `can_*` callbacks say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caps {
+    /// Holes can be punched (TRIM does something).
+    pub trim: bool,
+    /// WRITE_ZEROES is faster than writing zeroes (FAST_ZERO succeeds).
+    pub fast_zero: bool,
+    /// Allocation can be reported (holes, zeroes).
+    pub extents: bool,
+    /// The medium is rotational (a hint for clients' schedulers).
+    pub rotational: bool,
+}
+
+/// Why WRITE_ZEROES did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ZeroError {
+    /// FAST_ZERO was asked and zeroing would be no faster than writing.
+    #[error("zeroing this range would not be faster than writing")]
+    NotFast,
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// One run of equal allocation status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// `base:allocation` flags (`NBD_STATE_HOLE`, `NBD_STATE_ZERO`).
+    pub flags: u32,
+}
+
+/// Storage behind an export.
+///
+/// Every method may be called from several threads at once; a backend
+/// shared by all connections of an export is what makes CAN_MULTI_CONN
+/// true (a flush on any connection covers writes completed on every one).
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Size in bytes, fixed while served.
+    fn size(&self) -> u64;
+
+    fn caps(&self) -> Caps;
+
+    /// Whether calls may block on I/O (then they run on blocking threads).
+    fn blocking(&self) -> bool;
+
+    /// Fills `buf` from `offset`.
+    ///
+    /// # Errors
+    ///
+    /// The OS error, mapped to an NBD error by the caller.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Writes `buf` at `offset`; with `fua`, returns only once it is stable.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
+
+    /// Makes every completed write stable.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    fn flush(&self) -> io::Result<()>;
+
+    /// Discards a range if the backend can; a hint, so doing nothing is
+    /// correct.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()>;
+
+    /// Makes a range read as zeroes; `may_trim` allows leaving a hole
+    /// (NBD_CMD_FLAG_NO_HOLE not set), `fast` asks to fail instead of being
+    /// slow (NBD_CMD_FLAG_FAST_ZERO).
+    ///
+    /// # Errors
+    ///
+    /// [`ZeroError::NotFast`] or the OS error.
+    fn zero(
+        &self,
+        offset: u64,
+        len: u64,
+        may_trim: bool,
+        fast: bool,
+        fua: bool,
+    ) -> Result<(), ZeroError>;
+
+    /// Allocation of `[offset, offset + len)`, starting at `offset`. May
+    /// cover less than asked (never nothing) or run past the end of the
+    /// range; the caller trims.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>>;
+
+    /// Prefetches a range; a hint.
+    ///
+    /// # Errors
+    ///
+    /// The OS error.
+    fn cache(&self, offset: u64, len: u64) -> io::Result<()>;
+}

@@ -1,0 +1,404 @@
+//! Carrying out one validated request on a backend and encoding its reply.
+//!
+//! Synchronous on purpose: it runs inline for memory backends and on a
+//! blocking thread for files. Requests reach here only after
+//! [`braid_proto::Request::validate`] accepted them.
+
+use std::io;
+
+use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
+use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
+
+use crate::backend::{Backend, ZeroError};
+
+/// A reply ready for the wire: header bytes, then READ data if any.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub head: Vec<u8>,
+    pub data: Option<Vec<u8>>,
+    /// The request succeeded.
+    pub ok: bool,
+}
+
+/// What a connection negotiated that shapes its replies.
+#[derive(Clone, Debug)]
+pub(crate) struct ReplyStyle {
+    pub structured: bool,
+    pub contexts: Vec<SelectedContext>,
+}
+
+/// Performs `req` and returns its reply. `payload` is the WRITE data.
+pub(crate) fn execute(
+    backend: &dyn Backend,
+    style: &ReplyStyle,
+    req: &Request,
+    payload: Option<Vec<u8>>,
+) -> Reply {
+    let fua = req.flags.fua();
+    let (offset, len) = (req.offset, u64::from(req.length));
+    let result: Result<Option<Reply>, (Errno, String)> = match req.command {
+        Command::Read => {
+            let mut buf = vec![0u8; req.length as usize];
+            match backend.read_at(&mut buf, offset) {
+                Ok(()) => Ok(Some(read_reply(style, req.cookie, offset, buf))),
+                Err(e) => Err(io_error("read", offset, &e)),
+            }
+        }
+        Command::Write => {
+            let data = payload.unwrap_or_default();
+            backend
+                .write_at(&data, offset, fua)
+                .map(|()| None)
+                .map_err(|e| io_error("write", offset, &e))
+        }
+        Command::Flush => backend
+            .flush()
+            .map(|()| None)
+            .map_err(|e| io_error("flush", 0, &e)),
+        Command::Trim => backend
+            .trim(offset, len, fua)
+            .map(|()| None)
+            .map_err(|e| io_error("trim", offset, &e)),
+        Command::WriteZeroes => {
+            let may_trim = !req.flags.has(CmdFlags::NO_HOLE);
+            let fast = req.flags.has(CmdFlags::FAST_ZERO);
+            match backend.zero(offset, len, may_trim, fast, fua) {
+                Ok(()) => Ok(None),
+                Err(ZeroError::NotFast) => Err((
+                    Errno::NotSup,
+                    "fast zeroing is not possible here; write the zeroes instead".into(),
+                )),
+                Err(ZeroError::Io(e)) => Err(io_error("write zeroes", offset, &e)),
+            }
+        }
+        Command::Cache => backend
+            .cache(offset, len)
+            .map(|()| None)
+            .map_err(|e| io_error("cache", offset, &e)),
+        Command::BlockStatus => block_status(backend, style, req).map(Some),
+        // DISC never gets here; unknown commands fail validation.
+        Command::Disc | Command::Unknown(_) => Err((Errno::Inval, "unknown command".into())),
+    };
+    match result {
+        Ok(Some(reply)) => reply,
+        Ok(None) => ok_reply(style, req.cookie),
+        Err((errno, message)) => error_reply(style, req.cookie, errno, &message),
+    }
+}
+
+fn io_error(what: &str, offset: u64, e: &io::Error) -> (Errno, String) {
+    let errno = e.raw_os_error().map_or(Errno::Io, Errno::from_os);
+    (errno, format!("{what} at offset {offset}: {e}"))
+}
+
+fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Vec<u8>) -> Reply {
+    let mut head = Vec::with_capacity(28);
+    if style.structured {
+        // One data chunk with DONE: nothing can fail after the read.
+        encode::offset_data_header(&mut head, cookie, offset, data.len() as u32, true);
+    } else {
+        encode::simple(&mut head, cookie, None);
+    }
+    Reply {
+        head,
+        data: Some(data),
+        ok: true,
+    }
+}
+
+/// A success reply with no data.
+pub(crate) fn ok_reply(style: &ReplyStyle, cookie: Cookie) -> Reply {
+    let mut head = Vec::with_capacity(20);
+    if style.structured {
+        encode::none(&mut head, cookie);
+    } else {
+        encode::simple(&mut head, cookie, None);
+    }
+    Reply {
+        head,
+        data: None,
+        ok: true,
+    }
+}
+
+/// An error reply; with structured replies it carries `message`.
+pub(crate) fn error_reply(
+    style: &ReplyStyle,
+    cookie: Cookie,
+    errno: Errno,
+    message: &str,
+) -> Reply {
+    let mut head = Vec::with_capacity(32 + message.len());
+    if style.structured {
+        encode::error(&mut head, cookie, errno, message);
+    } else {
+        encode::simple(&mut head, cookie, Some(errno));
+    }
+    Reply {
+        head,
+        data: None,
+        ok: false,
+    }
+}
+
+fn block_status(
+    backend: &dyn Backend,
+    style: &ReplyStyle,
+    req: &Request,
+) -> Result<Reply, (Errno, String)> {
+    let len = u64::from(req.length);
+    if len == 0 {
+        return Err((Errno::Inval, "block status of length 0".into()));
+    }
+    let req_one = req.flags.has(CmdFlags::REQ_ONE);
+    let mut head = Vec::new();
+    let n = style.contexts.len();
+    for (i, ctx) in style.contexts.iter().enumerate() {
+        let mut extents: Vec<WireExtent> = match ctx.kind {
+            ContextKind::Constant => vec![WireExtent {
+                length: req.length,
+                flags: 0,
+            }],
+            ContextKind::Allocation => {
+                let found = if backend.caps().extents {
+                    backend
+                        .extents(req.offset, len)
+                        .map_err(|e| io_error("block status", req.offset, &e))?
+                } else {
+                    Vec::new()
+                };
+                clamp(&found, len)
+            }
+        };
+        if req_one {
+            extents.truncate(1);
+        }
+        let status = BlockStatus {
+            context_id: ctx.id,
+            extents,
+        };
+        encode::block_status(&mut head, req.cookie, &status, i + 1 == n);
+    }
+    Ok(Reply {
+        head,
+        data: None,
+        ok: true,
+    })
+}
+
+/// Fits backend extents into the request's `len`: lengths as u32, the sum
+/// exactly `len`, no zero-length extent; a backend that said too little
+/// gets its last run extended as data (status 0 is always safe).
+fn clamp(found: &[crate::backend::Extent], len: u64) -> Vec<WireExtent> {
+    let mut out: Vec<WireExtent> = Vec::new();
+    let mut covered = 0u64;
+    for e in found {
+        if covered >= len {
+            break;
+        }
+        let take = e.len.min(len - covered);
+        if take == 0 {
+            continue;
+        }
+        covered += take;
+        match out.last_mut() {
+            Some(last) if last.flags == e.flags => last.length += take as u32,
+            _ => out.push(WireExtent {
+                length: take as u32,
+                flags: e.flags,
+            }),
+        }
+    }
+    if covered < len {
+        out.push(WireExtent {
+            length: (len - covered) as u32,
+            flags: 0,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Extent, MemBackend};
+    use braid_proto::reply::ReplyHeader;
+    use braid_proto::wire::state;
+
+    fn style(structured: bool, contexts: Vec<SelectedContext>) -> ReplyStyle {
+        ReplyStyle {
+            structured,
+            contexts,
+        }
+    }
+
+    fn req(command: Command, offset: u64, length: u32, flags: u16) -> Request {
+        Request {
+            flags: CmdFlags(flags),
+            command,
+            cookie: Cookie(9),
+            offset,
+            length,
+        }
+    }
+
+    #[test]
+    fn clamp_fills_and_trims() {
+        let hole = state::HOLE | state::ZERO;
+        assert_eq!(
+            clamp(
+                &[
+                    Extent {
+                        len: 10,
+                        flags: hole
+                    },
+                    Extent { len: 100, flags: 0 }
+                ],
+                50
+            ),
+            vec![
+                WireExtent {
+                    length: 10,
+                    flags: hole
+                },
+                WireExtent {
+                    length: 40,
+                    flags: 0
+                }
+            ]
+        );
+        assert_eq!(
+            clamp(
+                &[Extent {
+                    len: 5,
+                    flags: hole
+                }],
+                8
+            ),
+            vec![
+                WireExtent {
+                    length: 5,
+                    flags: hole
+                },
+                WireExtent {
+                    length: 3,
+                    flags: 0
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn write_then_read_structured_and_simple() {
+        let m = MemBackend::new(1 << 20);
+        for structured in [true, false] {
+            let s = style(structured, vec![]);
+            let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(b"abc".to_vec()));
+            assert!(w.data.is_none());
+            let r = execute(&m, &s, &req(Command::Read, 4, 5, 0), None);
+            assert_eq!(r.data.as_deref(), Some(&b"\0abc\0"[..]));
+            match ReplyHeader::decode(&r.head).unwrap() {
+                ReplyHeader::Chunk(c) => {
+                    assert!(structured);
+                    assert_eq!(c.length, 5 + 8);
+                    assert!(c.done());
+                }
+                ReplyHeader::Simple(sr) => {
+                    assert!(!structured);
+                    assert_eq!(sr.error, 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_status_one_chunk_per_context_last_done() {
+        let m = MemBackend::new(1 << 20);
+        m.write_at(&[1], 0, false).unwrap();
+        let ctxs = vec![
+            SelectedContext {
+                id: 1,
+                name: "base:allocation".into(),
+                kind: ContextKind::Allocation,
+            },
+            SelectedContext {
+                id: 2,
+                name: "x-braid:volume=u".into(),
+                kind: ContextKind::Constant,
+            },
+        ];
+        let r = execute(
+            &m,
+            &style(true, ctxs),
+            &req(Command::BlockStatus, 0, 1 << 20, 0),
+            None,
+        );
+        let ReplyHeader::Chunk(c1) = ReplyHeader::decode(&r.head).unwrap() else {
+            panic!()
+        };
+        assert!(!c1.done());
+        let end1 = 20 + c1.length as usize;
+        let s1 = BlockStatus::decode(&r.head[20..end1]).unwrap();
+        assert_eq!(s1.context_id, 1);
+        assert_eq!(s1.extents[0].flags, 0);
+        let sum: u64 = s1.extents.iter().map(|e| u64::from(e.length)).sum();
+        assert_eq!(sum, 1 << 20);
+        let ReplyHeader::Chunk(c2) = ReplyHeader::decode(&r.head[end1..]).unwrap() else {
+            panic!()
+        };
+        assert!(c2.done());
+    }
+
+    #[test]
+    fn fast_zero_on_a_slow_backend_is_enotsup() {
+        #[derive(Debug)]
+        struct Slow(MemBackend);
+        impl Backend for Slow {
+            fn size(&self) -> u64 {
+                self.0.size()
+            }
+            fn caps(&self) -> crate::backend::Caps {
+                self.0.caps()
+            }
+            fn blocking(&self) -> bool {
+                false
+            }
+            fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<()> {
+                self.0.read_at(b, o)
+            }
+            fn write_at(&self, b: &[u8], o: u64, f: bool) -> io::Result<()> {
+                self.0.write_at(b, o, f)
+            }
+            fn flush(&self) -> io::Result<()> {
+                Ok(())
+            }
+            fn trim(&self, _: u64, _: u64, _: bool) -> io::Result<()> {
+                Ok(())
+            }
+            fn zero(&self, _: u64, _: u64, _: bool, fast: bool, _: bool) -> Result<(), ZeroError> {
+                if fast {
+                    Err(ZeroError::NotFast)
+                } else {
+                    Ok(())
+                }
+            }
+            fn extents(&self, o: u64, l: u64) -> io::Result<Vec<Extent>> {
+                self.0.extents(o, l)
+            }
+            fn cache(&self, _: u64, _: u64) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let b = Slow(MemBackend::new(100));
+        let r = execute(
+            &b,
+            &style(false, vec![]),
+            &req(Command::WriteZeroes, 0, 10, CmdFlags::FAST_ZERO),
+            None,
+        );
+        let ReplyHeader::Simple(s) = ReplyHeader::decode(&r.head).unwrap() else {
+            panic!()
+        };
+        assert_eq!(s.errno(), Some(Errno::NotSup));
+    }
+}

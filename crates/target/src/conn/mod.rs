@@ -1,0 +1,443 @@
+//! One client connection: the handshake driven over the stream, then the
+//! transmission phase with many requests in flight and replies sent in
+//! completion order.
+//!
+//! Generic over the stream so TCP, unix sockets (and later TLS) share it.
+//! Three kinds of task run per connection: the reader (parses and validates
+//! requests, reads WRITE payloads), one per request (runs it on the backend,
+//! on a blocking thread when the backend blocks), and the writer (batches
+//! replies onto the socket). Reader and writer are registered with the
+//! [`Conn`] so a fence can cut them off.
+
+mod execute;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_proto::wire::REQUEST_HEADER_LEN;
+use braid_proto::{
+    Command, Errno, ProtoError, Request, ServerConfig, ServerEvent, ServerHandshake, Session,
+};
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, info};
+
+use crate::export::{Export, Exports};
+use crate::registry::{Conn, Registry};
+pub(crate) use execute::{error_reply, Reply, ReplyStyle};
+
+/// Bounds on what one connection may hold.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// The handshake must finish within this, or the connection is closed.
+    pub handshake_timeout: Duration,
+    /// Requests in flight per connection; beyond it the reader waits.
+    pub max_requests: usize,
+    /// Payload bytes in flight per connection (WRITE data read, READ data
+    /// not yet sent); beyond it the reader waits.
+    pub max_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(30),
+            max_requests: 256,
+            max_bytes: 128 << 20,
+        }
+    }
+}
+
+/// A WRITE payload larger than this after a failed validation is not read
+/// and skipped but ends the connection: reading it would only feed an
+/// attacker's bandwidth (the spec allows a hard disconnect there).
+const MAX_DISCARD: u64 = 64 << 20;
+
+/// Bytes semaphore granularity: permits count 4 KiB units.
+const UNIT: usize = 4096;
+
+/// Why a connection ended other than by the client's choice.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Proto(#[from] ProtoError),
+    #[error("handshake not finished within {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error("client asked for TLS, which this server cannot start yet")]
+    TlsUnavailable,
+    #[error("WRITE of {0} bytes refused and too large to skip")]
+    HugeRefusedWrite(u32),
+}
+
+/// What every connection of a server shares.
+#[derive(Clone)]
+pub(crate) struct ConnCtx {
+    pub exports: Arc<Exports>,
+    pub portals: Arc<Vec<String>>,
+    pub registry: Arc<Registry>,
+    pub limits: Limits,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Serves one connection to its end, then removes it from the registry.
+pub(crate) async fn serve<S>(stream: S, conn: Arc<Conn>, ctx: ConnCtx)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let result = run(stream, &conn, &ctx).await;
+    match result {
+        Ok(()) => debug!(conn = conn.id, "connection closed"),
+        Err(e) => info!(conn = conn.id, peer = %conn.peer, "connection closed: {e}"),
+    }
+    conn.drain().await;
+    ctx.registry.remove(conn.id);
+}
+
+async fn run<S>(mut stream: S, conn: &Arc<Conn>, ctx: &ConnCtx) -> Result<(), ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let timeout = ctx.limits.handshake_timeout;
+    let handshake = tokio::time::timeout(timeout, handshake(&mut stream, conn, ctx));
+    let mut stop = ctx.shutdown.clone();
+    let done = tokio::select! {
+        done = handshake => done,
+        // A stopping server has nothing to offer a client still choosing.
+        _ = stop.wait_for(|s| *s) => return Ok(()),
+    };
+    let Some((session, leftover)) = done.map_err(|_| ConnError::HandshakeTimeout(timeout))?? else {
+        return Ok(());
+    };
+    let Some(export) = ctx.exports.find(&session.export.name).cloned() else {
+        return Ok(());
+    };
+    *conn.export.lock().unwrap_or_else(|p| p.into_inner()) = Some(export.name.clone());
+    debug!(conn = conn.id, export = %export.name, structured = session.structured, "transmission");
+    transmission(stream, leftover, session, export, conn, ctx).await
+}
+
+async fn handshake<S>(
+    stream: &mut S,
+    conn: &Conn,
+    ctx: &ConnCtx,
+) -> Result<Option<(Session, BytesMut)>, ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut hs = ServerHandshake::new(ServerConfig {
+        conn_id: conn.id,
+        portals: ctx.portals.as_ref().clone(),
+        ..ServerConfig::default()
+    });
+    let mut buf = BytesMut::with_capacity(4096);
+    loop {
+        let out = hs.take_output();
+        if !out.is_empty() {
+            stream.write_all(&out).await?;
+            stream.flush().await?;
+        }
+        let event = match hs.handle_input(&mut buf, ctx.exports.as_ref()) {
+            Ok(ev) => ev,
+            Err(e) => {
+                // Whatever was answered before the violation still goes out.
+                let out = hs.take_output();
+                let _ = stream.write_all(&out).await;
+                return Err(e.into());
+            }
+        };
+        match event {
+            ServerEvent::NeedInput => {
+                if hs.has_output() {
+                    continue;
+                }
+                if stream.read_buf(&mut buf).await? == 0 {
+                    return Ok(None);
+                }
+            }
+            ServerEvent::Transmission(session) => {
+                stream.write_all(&hs.take_output()).await?;
+                stream.flush().await?;
+                return Ok(Some((*session, buf)));
+            }
+            ServerEvent::Closed => {
+                stream.write_all(&hs.take_output()).await?;
+                stream.flush().await?;
+                return Ok(None);
+            }
+            ServerEvent::Fence(ids) => {
+                info!(conn = conn.id, ?ids, "fence requested");
+                ctx.registry.fence(&ids).await;
+                info!(conn = conn.id, ?ids, "fence complete");
+                hs.fence_done(Ok(()));
+            }
+            ServerEvent::StartTls => return Err(ConnError::TlsUnavailable),
+        }
+    }
+}
+
+async fn transmission<S>(
+    stream: S,
+    leftover: BytesMut,
+    session: Session,
+    export: Arc<Export>,
+    conn: &Arc<Conn>,
+    ctx: &ConnCtx,
+) -> Result<(), ConnError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (rd, wr) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
+    let writer = tokio::spawn(write_loop(wr, rx));
+    conn.own(writer.abort_handle());
+    let reader = tokio::spawn(read_loop(
+        rd,
+        leftover,
+        Reader {
+            style: ReplyStyle {
+                structured: session.structured,
+                contexts: session.contexts.clone(),
+            },
+            negotiated: session.negotiated(),
+            export,
+            conn: conn.clone(),
+            tx,
+            requests: Arc::new(Semaphore::new(ctx.limits.max_requests)),
+            bytes: Arc::new(Semaphore::new(ctx.limits.max_bytes.div_ceil(UNIT))),
+            max_bytes_units: ctx.limits.max_bytes.div_ceil(UNIT),
+        },
+        ctx.shutdown.clone(),
+    ));
+    conn.own(reader.abort_handle());
+    let read_result = match reader.await {
+        Ok(r) => r,
+        Err(e) if e.is_cancelled() => Ok(()),
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    };
+    // Every request already received finishes before the writer is told
+    // there is nothing more (its last sender is in those requests' tasks).
+    conn.drain().await;
+    match writer.await {
+        Ok(w) => w?,
+        Err(e) if e.is_cancelled() => {}
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+    read_result
+}
+
+/// A reply and the permits it holds until it is on the socket, so a client
+/// that stops reading replies stops being read from.
+pub(crate) struct Outgoing {
+    reply: Reply,
+    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    wr: W,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+) -> Result<(), ConnError> {
+    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(out) = next {
+            w.write_all(&out.reply.head).await?;
+            if let Some(data) = &out.reply.data {
+                w.write_all(data).await?;
+            }
+            next = rx.try_recv().ok();
+        }
+        w.flush().await?;
+    }
+    w.shutdown().await.ok();
+    Ok(())
+}
+
+struct Reader {
+    style: ReplyStyle,
+    negotiated: braid_proto::Negotiated,
+    export: Arc<Export>,
+    conn: Arc<Conn>,
+    tx: mpsc::UnboundedSender<Outgoing>,
+    requests: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    max_bytes_units: usize,
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut rd: R,
+    mut buf: BytesMut,
+    r: Reader,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), ConnError> {
+    buf.reserve(64 * 1024);
+    loop {
+        while buf.len() < REQUEST_HEADER_LEN {
+            tokio::select! {
+                n = rd.read_buf(&mut buf) => {
+                    if n? == 0 {
+                        return Ok(());
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+            }
+        }
+        let header: [u8; REQUEST_HEADER_LEN] = buf[..REQUEST_HEADER_LEN]
+            .try_into()
+            .expect("length checked above");
+        buf.advance(REQUEST_HEADER_LEN);
+        let req = Request::decode(&header)?;
+        if req.command == Command::Disc {
+            debug!(conn = r.conn.id, "client disconnected");
+            return Ok(());
+        }
+        if let Err(errno) = req.validate(&r.negotiated) {
+            let skip = u64::from(req.payload_len());
+            if skip > MAX_DISCARD {
+                return Err(ConnError::HugeRefusedWrite(req.length));
+            }
+            discard(&mut rd, &mut buf, skip).await?;
+            r.refuse(&req, errno).await;
+            continue;
+        }
+        let units = (req.length as usize).div_ceil(UNIT).min(r.max_bytes_units);
+        let moves_data = matches!(req.command, Command::Read | Command::Write);
+        let req_permit = r
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let byte_permit = if moves_data && units > 0 {
+            Some(
+                r.bytes
+                    .clone()
+                    .acquire_many_owned(units as u32)
+                    .await
+                    .expect("never closed"),
+            )
+        } else {
+            None
+        };
+        let payload = if req.command == Command::Write {
+            Some(read_payload(&mut rd, &mut buf, req.length as usize).await?)
+        } else {
+            None
+        };
+        r.dispatch(req, payload, (req_permit, byte_permit));
+    }
+}
+
+impl Reader {
+    async fn refuse(&self, req: &Request, errno: Errno) {
+        debug!(conn = self.conn.id, ?req, %errno, "request refused");
+        self.conn
+            .stats
+            .errors
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let permit = self
+            .requests
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("never closed");
+        let msg = format!(
+            "{} of {} bytes at offset {} refused: {}",
+            req.command.name(),
+            req.length,
+            req.offset,
+            errno.describe()
+        );
+        let _ = self.tx.send(Outgoing {
+            reply: error_reply(&self.style, req.cookie, errno, &msg),
+            _permits: (permit, None),
+        });
+    }
+
+    fn dispatch(
+        &self,
+        req: Request,
+        payload: Option<Vec<u8>>,
+        permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    ) {
+        let conn = self.conn.clone();
+        let export = self.export.clone();
+        let style = self.style.clone();
+        let tx = self.tx.clone();
+        conn.begin();
+        let job = move || {
+            // A fence that arrived before this request started drops it.
+            if !conn.fenced() {
+                let reply = execute::execute(export.backend.as_ref(), &style, &req, payload);
+                count(&conn, &req, &reply);
+                let _ = tx.send(Outgoing {
+                    reply,
+                    _permits: permits,
+                });
+            }
+            conn.end();
+        };
+        if self.export.backend.blocking() {
+            tokio::task::spawn_blocking(job);
+        } else {
+            job();
+        }
+    }
+}
+
+fn count(conn: &Conn, req: &Request, reply: &Reply) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &conn.stats;
+    if !reply.ok {
+        s.errors.fetch_add(1, Relaxed);
+        return;
+    }
+    match req.command {
+        Command::Read => {
+            s.reads.fetch_add(1, Relaxed);
+            s.read_bytes.fetch_add(u64::from(req.length), Relaxed);
+        }
+        Command::Write => {
+            s.writes.fetch_add(1, Relaxed);
+            s.written_bytes.fetch_add(u64::from(req.length), Relaxed);
+        }
+        _ => {
+            s.others.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+async fn read_payload<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    len: usize,
+) -> std::io::Result<Vec<u8>> {
+    let mut payload = Vec::with_capacity(len);
+    let have = buf.len().min(len);
+    payload.extend_from_slice(&buf[..have]);
+    buf.advance(have);
+    if payload.len() < len {
+        payload.resize(len, 0);
+        rd.read_exact(&mut payload[have..]).await?;
+    }
+    Ok(payload)
+}
+
+async fn discard<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    buf: &mut BytesMut,
+    mut len: u64,
+) -> std::io::Result<()> {
+    let have = (buf.len() as u64).min(len) as usize;
+    buf.advance(have);
+    len -= have as u64;
+    let mut sink = [0u8; 16 * 1024];
+    while len > 0 {
+        let n = (len as usize).min(sink.len());
+        rd.read_exact(&mut sink[..n]).await?;
+        len -= n as u64;
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! Exports: a name, a backend, and what clients are told about them; and
+//! [`Exports`], the set a server offers, which the handshake consults.
+
+use std::sync::Arc;
+
+use braid_proto::option::ServerEntry;
+use braid_proto::wire::DEFAULT_MAX_PAYLOAD;
+use braid_proto::{Catalog, ExportInfo, Refusal, TransmissionFlags};
+use uuid::Uuid;
+
+use crate::backend::Backend;
+
+/// One export as served.
+#[derive(Debug)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub backend: Arc<dyn Backend>,
+    pub read_only: bool,
+    /// The `x-braid:volume` identity.
+    pub volume: Uuid,
+}
+
+impl Export {
+    /// Largest READ or WRITE payload accepted: the spec's interoperable
+    /// 32 MiB, which also bounds the memory one request can pin.
+    pub const MAX_PAYLOAD: u32 = DEFAULT_MAX_PAYLOAD;
+    /// Every byte is addressable: file and memory backends need no
+    /// read-modify-write.
+    pub const MIN_BLOCK: u32 = 1;
+    pub const PREFERRED_BLOCK: u32 = 4096;
+
+    /// Transmission flags offered for this export.
+    pub fn flags(&self) -> TransmissionFlags {
+        let caps = self.backend.caps();
+        let mut f = TransmissionFlags::HAS_FLAGS
+            | TransmissionFlags::SEND_FLUSH
+            | TransmissionFlags::SEND_FUA
+            | TransmissionFlags::SEND_DF
+            | TransmissionFlags::SEND_CACHE
+            // One backend object serves every connection of the export, so a
+            // flush on any connection covers writes completed on all of them.
+            | TransmissionFlags::CAN_MULTI_CONN;
+        if self.read_only {
+            f |= TransmissionFlags::READ_ONLY;
+        } else {
+            f |= TransmissionFlags::SEND_WRITE_ZEROES | TransmissionFlags::SEND_FAST_ZERO;
+            if caps.trim {
+                f |= TransmissionFlags::SEND_TRIM;
+            }
+        }
+        if caps.rotational {
+            f |= TransmissionFlags::ROTATIONAL;
+        }
+        TransmissionFlags(f)
+    }
+
+    /// The export as the handshake describes it.
+    pub fn info(&self) -> ExportInfo {
+        ExportInfo {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            size: self.backend.size(),
+            flags: self.flags(),
+            min_block: Self::MIN_BLOCK,
+            preferred_block: Self::PREFERRED_BLOCK,
+            max_payload: Self::MAX_PAYLOAD,
+            volume: Some(self.volume.to_string()),
+        }
+    }
+}
+
+/// The exports a server offers, in the order they were given.
+#[derive(Debug, Default, Clone)]
+pub struct Exports {
+    list: Vec<Arc<Export>>,
+}
+
+impl Exports {
+    pub fn new(list: Vec<Arc<Export>>) -> Self {
+        Self { list }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Export>> {
+        self.list.iter()
+    }
+
+    /// The export a client means by `name`; `""` means the only export when
+    /// there is exactly one.
+    pub fn find(&self, name: &str) -> Option<&Arc<Export>> {
+        if name.is_empty() && self.list.len() == 1 {
+            return self.list.first();
+        }
+        self.list.iter().find(|e| e.name == name)
+    }
+
+    fn names(&self) -> String {
+        self.list
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl Catalog for Exports {
+    fn lookup(&self, name: &str) -> Result<ExportInfo, Refusal> {
+        match self.find(name) {
+            Some(e) => Ok(e.info()),
+            None if name.is_empty() => Err(Refusal::Unknown(format!(
+                "no default export: this server has several ({}); name one",
+                self.names()
+            ))),
+            None => Err(Refusal::Unknown(format!(
+                "no export named {name:?}; this server has: {}",
+                self.names()
+            ))),
+        }
+    }
+
+    fn list(&self) -> Vec<ServerEntry> {
+        self.list
+            .iter()
+            .map(|e| ServerEntry {
+                name: e.name.clone(),
+                description: e.description.clone(),
+            })
+            .collect()
+    }
+}

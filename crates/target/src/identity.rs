@@ -1,0 +1,176 @@
+//! Volume identities (`x-braid:volume=<uuid>`): the stable name of an
+//! export's data, like a LUN's WWID.
+//!
+//! An identity is made once per source and kept in `<state dir>/identities`
+//! (one `uuid<TAB>source path` line each), so it survives restarts and
+//! follows the data rather than the export name: serving the same file under
+//! another name, or from the same host after a reboot, keeps its identity.
+//! Memory volumes get a fresh identity each run, as their data does not
+//! survive either. An identity can be set explicitly (`--volume-id`), for
+//! example so that two storage heads in front of the same shared LUN report
+//! one volume.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use uuid::Uuid;
+
+/// The file of known identities.
+#[derive(Debug)]
+pub struct IdentityStore {
+    file: PathBuf,
+    entries: Vec<(Uuid, String)>,
+}
+
+impl IdentityStore {
+    /// Opens (or prepares to create) `<dir>/identities`.
+    ///
+    /// # Errors
+    ///
+    /// Reading an existing file failed, or a line in it is not
+    /// `uuid<TAB>path` (the message names the line).
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        let file = dir.join("identities");
+        let mut entries = Vec::new();
+        match fs::read_to_string(&file) {
+            Ok(text) => {
+                for (n, line) in text.lines().enumerate() {
+                    if line.trim().is_empty() || line.starts_with('#') {
+                        continue;
+                    }
+                    let parsed = line
+                        .split_once('\t')
+                        .and_then(|(id, src)| Some((Uuid::parse_str(id).ok()?, src.to_owned())));
+                    match parsed {
+                        Some(entry) => entries.push(entry),
+                        None => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!(
+                                    "{}:{}: expected `uuid<TAB>path`; fix or remove the line",
+                                    file.display(),
+                                    n + 1
+                                ),
+                            ))
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Self { file, entries })
+    }
+
+    /// The identity of the data at `path`, made and saved if new.
+    ///
+    /// # Errors
+    ///
+    /// Saving a new identity failed.
+    pub fn identity(&mut self, path: &Path) -> io::Result<Uuid> {
+        let key = canonical_key(path);
+        if let Some((id, _)) = self.entries.iter().find(|(_, k)| *k == key) {
+            return Ok(*id);
+        }
+        let id = Uuid::new_v4();
+        self.entries.push((id, key));
+        self.save()?;
+        Ok(id)
+    }
+
+    /// Records an identity given by the user for `path`.
+    ///
+    /// # Errors
+    ///
+    /// Saving failed.
+    pub fn set(&mut self, path: &Path, id: Uuid) -> io::Result<()> {
+        let key = canonical_key(path);
+        self.entries.retain(|(_, k)| *k != key);
+        self.entries.push((id, key));
+        self.save()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.file
+    }
+
+    fn save(&self) -> io::Result<()> {
+        let dir = self.file.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(dir)?;
+        let tmp = self.file.with_extension("tmp");
+        let mut f = fs::File::create(&tmp)?;
+        writeln!(
+            f,
+            "# braid volume identities: uuid<TAB>source. Keep with the data's host."
+        )?;
+        for (id, key) in &self.entries {
+            writeln!(f, "{id}\t{key}")?;
+        }
+        f.sync_all()?;
+        fs::rename(&tmp, &self.file)
+    }
+}
+
+fn canonical_key(path: &Path) -> String {
+    fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_owned())
+        .display()
+        .to_string()
+}
+
+/// The default state directory: `/var/lib/braid` for root,
+/// `$XDG_STATE_HOME/braid` or `~/.local/state/braid` otherwise.
+pub fn default_state_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/braid");
+    }
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("braid");
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".local/state/braid"),
+        None => PathBuf::from(".braid-state"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_survive_reopening_and_differ_per_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.img");
+        let b = dir.path().join("b.img");
+        fs::write(&a, b"").unwrap();
+        fs::write(&b, b"").unwrap();
+        let mut store = IdentityStore::open(dir.path()).unwrap();
+        let ia = store.identity(&a).unwrap();
+        let ib = store.identity(&b).unwrap();
+        assert_ne!(ia, ib);
+        let mut again = IdentityStore::open(dir.path()).unwrap();
+        assert_eq!(again.identity(&a).unwrap(), ia);
+        // The same file by another path is the same data.
+        let via_dot = dir.path().join(".").join("a.img");
+        assert_eq!(again.identity(&via_dot).unwrap(), ia);
+        let chosen = Uuid::new_v4();
+        again.set(&b, chosen).unwrap();
+        assert_eq!(
+            IdentityStore::open(dir.path())
+                .unwrap()
+                .identity(&b)
+                .unwrap(),
+            chosen
+        );
+    }
+
+    #[test]
+    fn a_damaged_file_is_reported_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("identities"), "# ok\nnot-a-uuid\t/x\n").unwrap();
+        let e = IdentityStore::open(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("identities:2"), "{e}");
+    }
+}

@@ -1,0 +1,197 @@
+//! Live connections of a server: ids, figures, and fencing.
+//!
+//! Fencing (`x-braid:fence=<ids>`) is why this exists: before an initiator
+//! re-sends the writes of a failed path, it asks the target to close that
+//! path's connections and to answer only once every request they had
+//! received has completed or been dropped, so no stale write can land after
+//! its retry. A connection leaves the registry only when nothing of it is in
+//! flight any more, so an id that is not here has nothing left to drain.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+/// Per-connection counters. Each moves when the reply for a request has
+/// been handed to the writer (bytes counted are payload bytes).
+#[derive(Debug, Default)]
+pub struct ConnStats {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub read_bytes: AtomicU64,
+    pub written_bytes: AtomicU64,
+    /// Other commands: flush, trim, zero, cache, block status.
+    pub others: AtomicU64,
+    /// Requests answered with an error.
+    pub errors: AtomicU64,
+}
+
+/// One connection as the registry knows it.
+#[derive(Debug)]
+pub struct Conn {
+    pub id: u64,
+    pub peer: String,
+    pub portal: String,
+    pub export: Mutex<Option<String>>,
+    pub stats: ConnStats,
+    fenced: AtomicBool,
+    inflight: AtomicUsize,
+    drained: Notify,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Conn {
+    /// Whether a fence closed this connection: requests not yet started
+    /// are dropped instead of executed.
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Requests received and not yet finished with the backend.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn begin(&self) {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn end(&self) {
+        if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Registers a task to abort when the connection is fenced.
+    pub(crate) fn own(&self, handle: AbortHandle) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if self.fenced() {
+            handle.abort();
+        } else {
+            tasks.push(handle);
+        }
+    }
+
+    /// Waits until no request is in flight.
+    pub async fn drain(&self) {
+        loop {
+            let notified = self.drained.notified();
+            if self.inflight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// All live connections of one server.
+#[derive(Debug, Default)]
+pub struct Registry {
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self {
+            // Ids start at 1 so that 0 never names a connection.
+            next_id: AtomicU64::new(1),
+            conns: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Adds a connection and returns it; remove it with [`Self::remove`].
+    pub fn add(&self, peer: String, portal: String) -> Arc<Conn> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            id,
+            peer,
+            portal,
+            export: Mutex::new(None),
+            stats: ConnStats::default(),
+            fenced: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+            drained: Notify::new(),
+            tasks: Mutex::new(Vec::new()),
+        });
+        self.lock().insert(id, conn.clone());
+        conn
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// A snapshot of the live connections, by id.
+    pub fn list(&self) -> Vec<Arc<Conn>> {
+        let mut v: Vec<Arc<Conn>> = self.lock().values().cloned().collect();
+        v.sort_by_key(|c| c.id);
+        v
+    }
+
+    /// Closes the connections `ids` and returns once every request they had
+    /// received has completed or been dropped. Unknown ids are already
+    /// gone, with nothing in flight.
+    pub async fn fence(&self, ids: &[u64]) {
+        let targets: Vec<Arc<Conn>> = {
+            let conns = self.lock();
+            ids.iter().filter_map(|id| conns.get(id).cloned()).collect()
+        };
+        for conn in &targets {
+            conn.fenced.store(true, Ordering::Release);
+            let tasks = std::mem::take(&mut *conn.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+            for t in tasks {
+                t.abort();
+            }
+        }
+        for conn in &targets {
+            conn.drain().await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn fence_waits_for_inflight_and_aborts_tasks() {
+        let reg = Arc::new(Registry::new());
+        let conn = reg.add("peer".into(), "portal".into());
+        let reader = tokio::spawn(std::future::pending::<()>());
+        conn.own(reader.abort_handle());
+        conn.begin();
+        let r2 = reg.clone();
+        let id = conn.id;
+        let fence = tokio::spawn(async move { r2.fence(&[id, 999]).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !fence.is_finished(),
+            "fence returned with a request in flight"
+        );
+        assert!(conn.fenced());
+        assert!(reader.await.unwrap_err().is_cancelled());
+        conn.end();
+        tokio::time::timeout(Duration::from_secs(5), fence)
+            .await
+            .expect("fence finished")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn tasks_owned_after_a_fence_are_aborted_at_once() {
+        let reg = Registry::new();
+        let conn = reg.add("p".into(), "q".into());
+        reg.fence(&[conn.id]).await;
+        let late = tokio::spawn(std::future::pending::<()>());
+        conn.own(late.abort_handle());
+        assert!(late.await.unwrap_err().is_cancelled());
+    }
+}

@@ -1,0 +1,249 @@
+//! The target as a whole: portals bound, connections accepted and served,
+//! and an orderly stop (stop accepting, finish in-flight requests, flush
+//! backends).
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use crate::conn::{self, ConnCtx, Limits};
+use crate::export::Exports;
+use crate::portal::{self, Portal};
+use crate::registry::Registry;
+
+/// How long a stopping server waits for connections to finish their
+/// in-flight requests before it flushes and exits anyway.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// A target with its portals bound, ready to [`Target::run`].
+pub struct Target {
+    exports: Arc<Exports>,
+    listeners: Vec<(String, TcpListener)>,
+    unix: Vec<(PathBuf, UnixListener)>,
+    registry: Arc<Registry>,
+    limits: Limits,
+    stop_tx: watch::Sender<bool>,
+    advertised: Vec<String>,
+}
+
+/// Stops a running target from elsewhere (a signal handler, a test).
+#[derive(Clone)]
+pub struct StopHandle(watch::Sender<bool>);
+
+impl StopHandle {
+    pub fn stop(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Target {
+    /// Binds every portal. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// The first portal that cannot be bound, named in the message.
+    pub fn bind(exports: Exports, portals: &[Portal], limits: Limits) -> io::Result<Self> {
+        let mut listeners = Vec::new();
+        for p in portals {
+            let std_listener = portal::bind(p)?;
+            let local = std_listener.local_addr()?;
+            listeners.push((local.to_string(), TcpListener::from_std(std_listener)?));
+        }
+        let advertised = advertise(listeners.iter().map(|(_, l)| l.local_addr()));
+        let (stop_tx, _) = watch::channel(false);
+        Ok(Self {
+            exports: Arc::new(exports),
+            listeners,
+            unix: Vec::new(),
+            registry: Arc::new(Registry::new()),
+            limits,
+            stop_tx,
+            advertised,
+        })
+    }
+
+    /// Also serves on a unix socket at `path` (replacing a stale socket
+    /// file). Unix sockets are local, so they are not advertised as portals.
+    ///
+    /// # Errors
+    ///
+    /// The OS error from binding, with the path.
+    pub fn bind_unix(&mut self, path: &Path) -> io::Result<()> {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path)?;
+            }
+        }
+        let l = UnixListener::bind(path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        self.unix.push((path.to_owned(), l));
+        Ok(())
+    }
+
+    /// The addresses actually bound (with real ports when 0 was asked).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|(_, l)| l.local_addr().ok())
+            .collect()
+    }
+
+    /// What clients are told as `x-braid:portal=` contexts.
+    pub fn advertised_portals(&self) -> &[String] {
+        &self.advertised
+    }
+
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.clone()
+    }
+
+    pub fn exports(&self) -> Arc<Exports> {
+        self.exports.clone()
+    }
+
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.stop_tx.clone())
+    }
+
+    /// Serves until stopped, then finishes in-flight requests (up to a
+    /// grace period), flushes every backend and returns.
+    ///
+    /// # Errors
+    ///
+    /// A backend flush failed at the end: data may not be stable.
+    pub async fn run(self) -> io::Result<()> {
+        let ctx = ConnCtx {
+            exports: self.exports.clone(),
+            portals: Arc::new(self.advertised.clone()),
+            registry: self.registry.clone(),
+            limits: self.limits.clone(),
+            shutdown: self.stop_tx.subscribe(),
+        };
+        let mut accepting = JoinSet::new();
+        for (name, listener) in self.listeners {
+            accepting.spawn(accept_tcp(listener, name, ctx.clone()));
+        }
+        for (path, listener) in self.unix {
+            accepting.spawn(accept_unix(listener, path, ctx.clone()));
+        }
+        let mut stop = self.stop_tx.subscribe();
+        let _ = stop.wait_for(|s| *s).await;
+        info!("stopping: no new connections; finishing requests in flight");
+        let mut conns = JoinSet::new();
+        while let Some(r) = accepting.join_next().await {
+            if let Ok(set) = r {
+                conns.spawn(drain(set));
+            }
+        }
+        if tokio::time::timeout(STOP_GRACE, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            warn!("connections still busy after {STOP_GRACE:?}; flushing and exiting without them");
+        }
+        let mut result = Ok(());
+        for e in self.exports.iter() {
+            let backend = e.backend.clone();
+            let flushed = tokio::task::spawn_blocking(move || backend.flush())
+                .await
+                .unwrap_or_else(|j| Err(io::Error::other(j.to_string())));
+            if let Err(err) = flushed {
+                warn!(export = %e.name, "flush at exit failed: {err}");
+                result = Err(err);
+            }
+        }
+        result
+    }
+}
+
+async fn drain(mut set: JoinSet<()>) {
+    while set.join_next().await.is_some() {}
+}
+
+async fn accept_tcp(listener: TcpListener, portal: String, ctx: ConnCtx) -> JoinSet<()> {
+    let mut conns = JoinSet::new();
+    let mut stop = ctx.shutdown.clone();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                // The spec asks both sides to disable Nagle.
+                let _ = stream.set_nodelay(true);
+                let conn = ctx.registry.add(peer.to_string(), portal.clone());
+                info!(conn = conn.id, %peer, %portal, "connection");
+                conns.spawn(conn::serve(stream, conn, ctx.clone()));
+            }
+            Err(e) => {
+                // Out of descriptors and the like: back off, keep serving.
+                warn!(%portal, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        while conns.try_join_next().is_some() {}
+    }
+    conns
+}
+
+async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> JoinSet<()> {
+    let mut conns = JoinSet::new();
+    let mut stop = ctx.shutdown.clone();
+    let name = path.display().to_string();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let conn = ctx.registry.add("local".into(), name.clone());
+                info!(conn = conn.id, socket = %name, "connection");
+                conns.spawn(conn::serve(stream, conn, ctx.clone()));
+            }
+            Err(e) => {
+                warn!(socket = %name, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        while conns.try_join_next().is_some() {}
+    }
+    let _ = std::fs::remove_file(&path);
+    conns
+}
+
+/// Portal names for clients. A wildcard listener (0.0.0.0, ::) stands for
+/// every address of its family, so each is advertised instead.
+fn advertise(addrs: impl Iterator<Item = io::Result<SocketAddr>>) -> Vec<String> {
+    let ifaces = portal::interface_addrs().unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for addr in addrs.flatten() {
+        let expanded: Vec<SocketAddr> = if addr.ip().is_unspecified() {
+            ifaces
+                .iter()
+                .filter(|a| a.up && !a.loopback && a.ip.is_ipv4() == addr.is_ipv4())
+                .map(|a| SocketAddr::new(a.ip, addr.port()))
+                .collect()
+        } else {
+            vec![addr]
+        };
+        for a in expanded {
+            let s = a.to_string();
+            if !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
