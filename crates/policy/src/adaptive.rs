@@ -1,0 +1,149 @@
+//! `adaptive`, braid's default: each byte goes where it is predicted to
+//! finish first, from each path's measured throughput and latency.
+//!
+//! A path is modelled as a pipe that first drains what it already has in
+//! flight and then moves new bytes at its throughput: x more bytes on path
+//! i finish at latencyᵢ + (inflight_bytesᵢ + x) / throughputᵢ. `choose`
+//! minimises that for one chunk; `plan` splits a large request so that all
+//! the paths it uses finish together (see [`share`]). The figures are the
+//! engine's measurements; this module never measures anything itself.
+
+mod share;
+
+use crate::plan;
+use crate::rotor::{cmp_f64, mean_measured, measured, Rotor};
+use crate::{Assignment, PathView, Policy, Request, SplitRules};
+
+/// The smallest share of a request `adaptive` gives a path (or the
+/// export's alignment, if larger).
+///
+/// Each piece is one more NBD request: a header, a reply and a round trip
+/// on its path. Below this size that overhead is comparable to the time the
+/// piece saves, and predictions built from moving averages are not precise
+/// enough to be worth acting on, so smaller shares are folded into the
+/// others and requests up to this size are never split.
+pub const MIN_SPLIT: u64 = 64 * 1024;
+
+/// Throughput assumed for every path while none has been measured: any
+/// value would do as long as all paths get the same one, and a realistic
+/// one keeps latency and bytes in sensible proportion.
+const NOMINAL_THROUGHPUT: f64 = 125e6;
+
+/// Throughputs below this are treated as this, so that predictions stay
+/// finite however bad a measurement looks.
+const FLOOR_THROUGHPUT: f64 = 1.0;
+
+/// `adaptive`: see the module documentation.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Adaptive {
+    ties: Rotor,
+}
+
+impl Policy for Adaptive {
+    fn name(&self) -> &'static str {
+        "adaptive"
+    }
+
+    /// The path where `req.len` more bytes are predicted to finish first;
+    /// ties go to fewer requests in flight, then in turn.
+    fn choose(&mut self, req: &Request, paths: &[PathView]) -> Option<usize> {
+        let models = models(paths);
+        let finish = |i: usize| models[i].finish(req.len);
+        self.ties.least(paths, |a, b| {
+            cmp_f64(finish(a), finish(b))
+                .then_with(|| paths[a].inflight_requests.cmp(&paths[b].inflight_requests))
+        })
+    }
+
+    /// Splits the request over the usable paths so that every path used is
+    /// predicted to finish at the same time, one contiguous piece per path
+    /// (cut further only where `rules.max` demands).
+    ///
+    /// A share smaller than [`MIN_SPLIT`] is not sent: its path leaves the
+    /// split and the request is shared out again among the rest, so the
+    /// bytes go to whichever paths can best absorb them and those still
+    /// finish together. Requests up to [`MIN_SPLIT`] go whole to
+    /// [`choose`](Policy::choose). `rules.chunk` does not apply: the shares
+    /// are sized from the paths' speeds instead.
+    fn plan(&mut self, req: &Request, paths: &[PathView], rules: &SplitRules) -> Vec<Assignment> {
+        let min = MIN_SPLIT.max(rules.align);
+        if req.len <= min {
+            return plan::whole(self, req, paths, rules);
+        }
+        let models = models(paths);
+        let mut active: Vec<usize> = (0..paths.len()).filter(|&i| paths[i].usable).collect();
+        loop {
+            let shares = share::water_fill(&models, &active, req.len, rules.align);
+            if shares.len() <= 1 {
+                return plan::whole(self, req, paths, rules);
+            }
+            let smallest = shares
+                .iter()
+                .min_by_key(|&&(path, bytes)| (bytes, std::cmp::Reverse(path)))
+                .map(|&(path, _)| path)
+                .expect("more than one share");
+            if shares.iter().all(|&(_, bytes)| bytes >= min) {
+                return lay_out(&shares, rules);
+            }
+            // Paths that got nothing stay in: with one fewer path sharing,
+            // the level rises and they may now be worth a share.
+            active.retain(|&p| p != smallest);
+        }
+    }
+}
+
+/// What `adaptive` predicts about one path.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Model {
+    /// Seconds from now until the path could finish a request of 0 more
+    /// bytes: its latency plus draining what is already in flight.
+    start: f64,
+    /// Bytes per second it moves once it gets to new bytes.
+    rate: f64,
+}
+
+impl Model {
+    /// Predicted seconds until `bytes` more bytes sent now would finish.
+    fn finish(&self, bytes: u64) -> f64 {
+        self.start + bytes as f64 / self.rate
+    }
+}
+
+/// One model per view, unusable paths included (nobody asks about them).
+///
+/// A path not yet measured is modelled as the average measured path: were
+/// it taken as infinitely slow it would never carry the traffic that
+/// measures it, and as infinitely fast it would be flooded. With nothing
+/// measured anywhere, all paths are modelled alike.
+fn models(paths: &[PathView]) -> Vec<Model> {
+    let usable = || paths.iter().filter(|p| p.usable);
+    let typical_rate = mean_measured(usable().map(|p| p.throughput)).unwrap_or(NOMINAL_THROUGHPUT);
+    let typical_latency = mean_measured(usable().map(|p| p.latency)).unwrap_or(0.0);
+    paths
+        .iter()
+        .map(|p| {
+            let rate = measured(p.throughput)
+                .unwrap_or(typical_rate)
+                .max(FLOOR_THROUGHPUT);
+            let latency = measured(p.latency).unwrap_or(typical_latency);
+            Model {
+                start: latency + p.inflight_bytes as f64 / rate,
+                rate,
+            }
+        })
+        .collect()
+}
+
+/// The shares as assignments, back to back from offset 0.
+fn lay_out(shares: &[(usize, u64)], rules: &SplitRules) -> Vec<Assignment> {
+    let mut out = Vec::with_capacity(shares.len());
+    let mut offset = 0;
+    for &(path, bytes) in shares {
+        plan::cut(&mut out, path, offset, bytes, rules);
+        offset += bytes;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

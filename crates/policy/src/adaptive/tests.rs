@@ -1,0 +1,215 @@
+//! Behaviour of `adaptive`: where single chunks go, and how large requests
+//! are shared out.
+
+use super::*;
+use crate::testkit::{assert_stuck_path_abandoned, choices, gbit, mbit100, req, rules};
+
+fn plan_of(len: u64, paths: &[PathView]) -> Vec<Assignment> {
+    Adaptive::default().plan(&req(len), paths, &rules())
+}
+
+/// Bytes planned for each path.
+fn bytes_per_path(plan: &[Assignment], paths: usize) -> Vec<u64> {
+    let mut bytes = vec![0; paths];
+    for a in plan {
+        bytes[a.path] += a.len;
+    }
+    bytes
+}
+
+#[test]
+fn adaptive_sends_a_small_request_where_it_finishes_first() {
+    let paths = [mbit100(), gbit()];
+    assert_eq!(
+        choices(&mut Adaptive::default(), 64 << 10, &paths, 3),
+        [1; 3]
+    );
+}
+
+#[test]
+fn adaptive_sends_to_the_slow_path_once_the_fast_one_is_far_enough_behind() {
+    // 8 MiB queued on 1 Gbit/s (72 ms) still beats 1 MiB on 100 Mbit/s
+    // (90 ms); 16 MiB queued (143 ms) does not.
+    let mut paths = [
+        PathView {
+            inflight_bytes: 8 << 20,
+            ..gbit()
+        },
+        mbit100(),
+    ];
+    assert_eq!(Adaptive::default().choose(&req(1 << 20), &paths), Some(0));
+    paths[0].inflight_bytes = 16 << 20;
+    assert_eq!(Adaptive::default().choose(&req(1 << 20), &paths), Some(1));
+}
+
+#[test]
+fn adaptive_rotates_among_equal_predictions() {
+    let paths = [gbit(), gbit()];
+    assert_eq!(
+        choices(&mut Adaptive::default(), 4096, &paths, 4),
+        [0, 1, 0, 1]
+    );
+}
+
+#[test]
+fn adaptive_breaks_ties_by_requests_in_flight() {
+    let paths = [
+        PathView {
+            inflight_requests: 3,
+            ..gbit()
+        },
+        gbit(),
+    ];
+    assert_eq!(choices(&mut Adaptive::default(), 4096, &paths, 3), [1; 3]);
+}
+
+#[test]
+fn adaptive_abandons_a_path_that_stops_answering() {
+    assert_stuck_path_abandoned(&mut Adaptive::default());
+}
+
+#[test]
+fn adaptive_plan_splits_one_mib_about_ten_to_one_over_gbit_and_100mbit() {
+    let plan = plan_of(1 << 20, &[gbit(), mbit100()]);
+    assert_eq!(plan.len(), 2, "{plan:?}");
+    assert_eq!(
+        plan[0].path, 0,
+        "the fast path, free sooner, takes the front"
+    );
+    let [fast, slow] = bytes_per_path(&plan, 2)[..] else {
+        unreachable!()
+    };
+    let ratio = fast as f64 / slow as f64;
+    assert!((9.0..12.0).contains(&ratio), "{fast}:{slow}");
+}
+
+#[test]
+fn adaptive_plan_splits_equal_paths_evenly() {
+    let plan = plan_of(1 << 20, &[gbit(), gbit()]);
+    assert_eq!(bytes_per_path(&plan, 2), [512 << 10, 512 << 10]);
+}
+
+#[test]
+fn adaptive_plan_gives_a_busy_path_less() {
+    // Path 0 has 2 MiB to drain first; sharing 4 MiB evens that out.
+    let paths = [
+        PathView {
+            inflight_bytes: 2 << 20,
+            ..gbit()
+        },
+        gbit(),
+    ];
+    assert_eq!(
+        bytes_per_path(&plan_of(4 << 20, &paths), 2),
+        [1 << 20, 3 << 20]
+    );
+}
+
+#[test]
+fn adaptive_plan_skips_a_path_still_busy_when_the_others_would_finish() {
+    let paths = [
+        PathView {
+            inflight_bytes: 64 << 20,
+            ..gbit()
+        },
+        gbit(),
+    ];
+    let plan = plan_of(1 << 20, &paths);
+    assert_eq!(
+        plan,
+        [Assignment {
+            path: 1,
+            offset: 0,
+            len: 1 << 20
+        }]
+    );
+}
+
+#[test]
+fn adaptive_plan_folds_a_share_below_min_split_into_the_other_paths() {
+    // The 100 Mbit/s path's share of 256 KiB would be about 20 KiB.
+    let plan = plan_of(256 << 10, &[gbit(), mbit100()]);
+    assert_eq!(
+        plan,
+        [Assignment {
+            path: 0,
+            offset: 0,
+            len: 256 << 10
+        }]
+    );
+    // With three paths the two fast ones share the slow one's sliver.
+    let plan = plan_of(512 << 10, &[gbit(), mbit100(), gbit()]);
+    assert_eq!(bytes_per_path(&plan, 3), [256 << 10, 0, 256 << 10]);
+}
+
+#[test]
+fn adaptive_keeps_requests_up_to_min_split_whole() {
+    let plan = plan_of(MIN_SPLIT, &[gbit(), gbit()]);
+    assert_eq!(plan.len(), 1);
+    assert_eq!(plan[0].len, MIN_SPLIT);
+}
+
+#[test]
+fn adaptive_cuts_a_share_larger_than_max_into_consecutive_pieces() {
+    let rules = SplitRules {
+        max: 256 << 10,
+        ..rules()
+    };
+    let plan = Adaptive::default().plan(&req(4 << 20), &[gbit(), gbit()], &rules);
+    assert_eq!(plan.len(), 16);
+    assert!(plan.iter().all(|a| a.len == 256 << 10));
+    let order: Vec<_> = plan.iter().map(|a| a.path).collect();
+    assert_eq!(order, [[0; 8], [1; 8]].concat());
+}
+
+#[test]
+fn adaptive_plan_covers_an_unaligned_length_with_aligned_cuts() {
+    let len = (1 << 20) + 100;
+    let plan = plan_of(len, &[gbit(), mbit100()]);
+    let mut offset = 0;
+    for a in &plan {
+        assert_eq!(a.offset, offset);
+        assert_eq!(a.offset % 4096, 0);
+        offset += a.len;
+    }
+    assert_eq!(offset, len);
+}
+
+#[test]
+fn adaptive_treats_an_unmeasured_path_as_an_average_one() {
+    let unmeasured = PathView {
+        throughput: 0.0,
+        latency: 0.0,
+        ..gbit()
+    };
+    assert_eq!(
+        bytes_per_path(&plan_of(1 << 20, &[gbit(), unmeasured.clone()]), 2),
+        [512 << 10, 512 << 10]
+    );
+    // Between the fast and the slow one: neither starved nor flooded.
+    let bytes = bytes_per_path(&plan_of(8 << 20, &[gbit(), mbit100(), unmeasured]), 3);
+    assert!(bytes[1] < bytes[2] && bytes[2] < bytes[0], "{bytes:?}");
+}
+
+#[test]
+fn adaptive_treats_paths_alike_while_nothing_is_measured() {
+    let paths = [PathView::default(), PathView::default()];
+    assert_eq!(
+        bytes_per_path(&plan_of(1 << 20, &paths), 2),
+        [512 << 10, 512 << 10]
+    );
+    assert_eq!(
+        choices(&mut Adaptive::default(), 4096, &paths, 4),
+        [0, 1, 0, 1]
+    );
+}
+
+#[test]
+fn adaptive_uses_both_links_for_one_large_request_at_a_time() {
+    let paths = [gbit(), gbit()];
+    let mut policy = Adaptive::default();
+    for _ in 0..3 {
+        let plan = policy.plan(&req(4 << 20), &paths, &rules());
+        assert_eq!(bytes_per_path(&plan, 2), [2 << 20, 2 << 20]);
+    }
+}
