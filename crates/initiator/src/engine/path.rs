@@ -1,0 +1,267 @@
+//! One path as the engine keeps it: state, connections, load, and the
+//! figures that policies read and users see.
+
+use std::time::Duration;
+
+use braid_policy::PathView;
+
+use super::stats::{Ewma, Histogram};
+
+/// Where a path is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathState {
+    /// Connections being made (at start, or after a failure).
+    Connecting,
+    /// Carrying I/O.
+    Active,
+    /// Failed; the driver reconnects in the background.
+    Failed,
+    /// Connected but taken out of use by the user; in-flight requests
+    /// finish. (Reported state only: see `enabled`.)
+    Disabled,
+}
+
+impl PathState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connecting => "connecting",
+            Self::Active => "active",
+            Self::Failed => "failed",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// User-set attributes of a path.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PathConfig {
+    pub priority: u32,
+    pub weight: u32,
+    pub relative_throughput: u32,
+    pub standby: bool,
+}
+
+/// One connection of a path.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ConnSlot {
+    pub up: bool,
+    /// The target's id for this connection (`x-braid:conn`), for fencing.
+    pub server_id: Option<u64>,
+    pub inflight_requests: u32,
+    pub inflight_bytes: u64,
+}
+
+/// Counters of a path; each moves when a chunk on the path completes
+/// (or, for `failures` and `resent`, when the path fails).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathCounters {
+    pub reads: u64,
+    pub writes: u64,
+    /// Flush, trim, write zeroes, cache, block status, probes.
+    pub others: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Chunks the target answered with an error.
+    pub errors: u64,
+    /// Times this path failed.
+    pub failures: u64,
+    /// Times it came back after failing.
+    pub restores: u64,
+    /// Chunks moved from this path to others when it failed.
+    pub resent: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Path {
+    pub config: PathConfig,
+    pub state: PathState,
+    pub conns: Vec<ConnSlot>,
+    pub counters: PathCounters,
+    pub latency_hist: Histogram,
+    /// Payload bytes per second while busy.
+    pub throughput: Ewma,
+    /// Send-to-reply time of each chunk.
+    pub service_time: Ewma,
+    /// Base round trip: service time less the transfer time.
+    pub latency: Ewma,
+    /// Last time a reply arrived, or the path went from idle to busy.
+    pub last_progress: Duration,
+    /// Last time anything completed or was sent.
+    pub last_activity: Duration,
+    /// When the path last became active (or was created).
+    pub since: Duration,
+    /// Busy time and bytes since the last throughput sample.
+    busy_since: Option<Duration>,
+    sample_bytes: u64,
+    sample_busy: Duration,
+    /// Consecutive failed reconnects, for backoff.
+    pub attempts: u32,
+    /// The target answers `x-braid:fence`.
+    pub fencing: bool,
+    /// The user has not disabled the path for maintenance.
+    pub enabled: bool,
+}
+
+/// Throughput is sampled over at least this much busy time, so one small
+/// chunk does not swing it.
+const SAMPLE_BUSY: Duration = Duration::from_millis(20);
+
+impl Path {
+    pub fn new(config: PathConfig, now: Duration) -> Self {
+        Self {
+            config,
+            state: PathState::Connecting,
+            conns: Vec::new(),
+            counters: PathCounters::default(),
+            latency_hist: Histogram::default(),
+            throughput: Ewma::default(),
+            service_time: Ewma::default(),
+            latency: Ewma::default(),
+            last_progress: now,
+            last_activity: now,
+            since: now,
+            busy_since: None,
+            sample_bytes: 0,
+            sample_busy: Duration::ZERO,
+            attempts: 0,
+            fencing: false,
+            enabled: true,
+        }
+    }
+
+    /// The state as users see it.
+    pub fn reported_state(&self) -> PathState {
+        if self.state == PathState::Active && !self.enabled {
+            PathState::Disabled
+        } else {
+            self.state
+        }
+    }
+
+    pub fn usable(&self) -> bool {
+        self.state == PathState::Active && self.enabled && self.conns.iter().any(|c| c.up)
+    }
+
+    pub fn inflight_requests(&self) -> u32 {
+        self.conns.iter().map(|c| c.inflight_requests).sum()
+    }
+
+    pub fn inflight_bytes(&self) -> u64 {
+        self.conns.iter().map(|c| c.inflight_bytes).sum()
+    }
+
+    /// The connection with the least in flight, for the next chunk.
+    pub fn pick_conn(&self) -> Option<usize> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.up)
+            .min_by_key(|(_, c)| (c.inflight_bytes, c.inflight_requests))
+            .map(|(i, _)| i)
+    }
+
+    pub fn view(&self, now: Duration) -> PathView {
+        PathView {
+            usable: self.usable(),
+            standby: self.config.standby,
+            priority: self.config.priority,
+            weight: self.config.weight,
+            relative_throughput: self.config.relative_throughput.max(1),
+            inflight_requests: self.inflight_requests(),
+            inflight_bytes: self.inflight_bytes(),
+            throughput: self.throughput.or_zero(),
+            service_time: self.service_time.or_zero(),
+            latency: self.latency.or_zero(),
+            idle: now.saturating_sub(self.last_activity).as_secs_f64(),
+        }
+    }
+
+    /// Accounts a chunk sent on connection `conn`.
+    pub fn sent(&mut self, conn: usize, bytes: u64, now: Duration) {
+        if self.inflight_requests() == 0 {
+            self.busy_since = Some(now);
+            self.last_progress = now;
+        }
+        let c = &mut self.conns[conn];
+        c.inflight_requests += 1;
+        c.inflight_bytes += bytes;
+        self.last_activity = now;
+    }
+
+    /// Accounts a chunk's reply: load, progress and figures. `ahead` is the
+    /// path's bytes in flight when the chunk was sent.
+    pub fn completed(
+        &mut self,
+        conn: usize,
+        bytes: u64,
+        ahead: u64,
+        sent_at: Duration,
+        now: Duration,
+    ) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.inflight_requests = c.inflight_requests.saturating_sub(1);
+            c.inflight_bytes = c.inflight_bytes.saturating_sub(bytes);
+        }
+        self.last_progress = now;
+        self.last_activity = now;
+        let service = now.saturating_sub(sent_at);
+        self.latency_hist.record(service);
+        self.service_time.add(service.as_secs_f64(), 0.2);
+        if let Some(tput) = self.throughput.get().filter(|t| *t > 0.0) {
+            // What is left after moving this chunk and those ahead of it is
+            // the path's own delay: round trip and server time.
+            let transfer = (ahead + bytes) as f64 / tput;
+            self.latency
+                .add((service.as_secs_f64() - transfer).max(0.0), 0.1);
+        } else if bytes <= 4096 && ahead == 0 {
+            self.latency.add(service.as_secs_f64(), 0.1);
+        }
+        self.sample_bytes += bytes;
+        if let Some(start) = self.busy_since {
+            self.sample_busy += now.saturating_sub(start);
+            self.busy_since = if self.inflight_requests() > 0 {
+                Some(now)
+            } else {
+                None
+            };
+        }
+        // Sample when enough busy time passed with data moved; small
+        // control requests alone say nothing about bandwidth.
+        if self.sample_busy >= SAMPLE_BUSY && self.sample_bytes >= 256 * 1024 {
+            let rate = self.sample_bytes as f64 / self.sample_busy.as_secs_f64();
+            self.throughput.add(rate, 0.3);
+            self.sample_bytes = 0;
+            self.sample_busy = Duration::ZERO;
+        }
+    }
+
+    /// How long the path may go without a reply while busy before it is
+    /// declared failed: a few times the expected gap between replies (base
+    /// latency plus the largest chunk's transfer), kept within the user's
+    /// floor and ceiling.
+    pub fn reply_timeout(
+        &self,
+        largest_inflight: u64,
+        floor: Duration,
+        ceiling: Duration,
+    ) -> Duration {
+        let expected = match self.throughput.get().filter(|t| *t > 0.0) {
+            Some(t) => self.latency.or_zero() + largest_inflight as f64 / t,
+            // Unmeasured: be patient rather than fail a slow but sound link.
+            None => ceiling.as_secs_f64() / 4.0,
+        };
+        Duration::from_secs_f64((expected * 4.0).clamp(floor.as_secs_f64(), ceiling.as_secs_f64()))
+    }
+
+    /// Forgets load after the path's connections are gone.
+    pub fn reset_conns(&mut self) {
+        for c in &mut self.conns {
+            c.up = false;
+            c.inflight_requests = 0;
+            c.inflight_bytes = 0;
+        }
+        self.busy_since = None;
+        self.sample_bytes = 0;
+        self.sample_busy = Duration::ZERO;
+    }
+}

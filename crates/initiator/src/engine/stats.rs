@@ -1,0 +1,188 @@
+//! Small measuring instruments: a moving average and a latency histogram
+//! with percentiles. No clock: callers hand in the values.
+
+use std::time::Duration;
+
+/// An exponentially weighted moving average; `None` until the first sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ewma {
+    value: Option<f64>,
+}
+
+impl Ewma {
+    /// Folds in a sample with weight `alpha` (0..=1; higher follows faster).
+    pub fn add(&mut self, sample: f64, alpha: f64) {
+        self.value = Some(match self.value {
+            Some(v) => v + alpha * (sample - v),
+            None => sample,
+        });
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+
+    /// The value, or 0 when nothing was measured (policies read 0 as
+    /// "unmeasured").
+    pub fn or_zero(&self) -> f64 {
+        self.value.unwrap_or(0.0)
+    }
+}
+
+/// Sub-buckets per power of two: percentiles are within 1/16 (6%).
+const SUB: u32 = 16;
+/// Powers of two from 1 µs: up to about 2^27 µs (over two minutes).
+const POWERS: u32 = 28;
+
+/// Latencies in buckets of about 6% width, from 1 µs to minutes, so
+/// percentiles cost no memory per sample.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    total: u64,
+    sum_us: u64,
+    max_us: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; (SUB * POWERS) as usize],
+            total: 0,
+            sum_us: 0,
+            max_us: 0,
+        }
+    }
+}
+
+impl Histogram {
+    pub fn record(&mut self, d: Duration) {
+        let us = d.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.counts[Self::bucket(us)] += 1;
+        self.total += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+        self.max_us = self.max_us.max(us);
+    }
+
+    fn bucket(us: u64) -> usize {
+        if us < u64::from(SUB) {
+            return us as usize;
+        }
+        let power = 63 - us.leading_zeros(); // ≥ 4
+        let shift = power - SUB.trailing_zeros();
+        let sub = ((us >> shift) as u32) - SUB; // 0..SUB
+        let idx = (power - SUB.trailing_zeros() + 1) * SUB + sub;
+        (idx as usize).min((SUB * POWERS) as usize - 1)
+    }
+
+    /// The lower bound in µs of a bucket.
+    fn lower(idx: usize) -> u64 {
+        let idx = idx as u32;
+        if idx < SUB {
+            return u64::from(idx);
+        }
+        let group = idx / SUB - 1;
+        let sub = idx % SUB;
+        u64::from(SUB + sub) << group
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    pub fn max(&self) -> Duration {
+        Duration::from_micros(self.max_us)
+    }
+
+    pub fn mean(&self) -> Duration {
+        Duration::from_micros(self.sum_us.checked_div(self.total).unwrap_or(0))
+    }
+
+    /// The latency below which `q` (0..=1) of samples fall; zero when empty.
+    pub fn quantile(&self, q: f64) -> Duration {
+        if self.total == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * self.total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                // Report the bucket's upper edge, capped by the real maximum.
+                let upper = Self::lower(i + 1).saturating_sub(1).max(Self::lower(i));
+                return Duration::from_micros(upper.min(self.max_us));
+            }
+        }
+        self.max()
+    }
+
+    /// Adds another histogram's samples (per-path into per-volume).
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.total += other.total;
+        self.sum_us = self.sum_us.saturating_add(other.sum_us);
+        self.max_us = self.max_us.max(other.max_us);
+    }
+
+    /// Non-empty buckets as (upper bound in seconds, cumulative count), for
+    /// Prometheus-style export.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut out = Vec::new();
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            if *c > 0 {
+                seen += c;
+                out.push((Self::lower(i + 1) as f64 / 1e6, seen));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ewma_starts_at_first_sample() {
+        let mut e = Ewma::default();
+        assert_eq!(e.get(), None);
+        e.add(10.0, 0.5);
+        assert_eq!(e.get(), Some(10.0));
+        e.add(20.0, 0.5);
+        assert_eq!(e.get(), Some(15.0));
+    }
+
+    #[test]
+    fn buckets_are_monotonic_and_bound_values() {
+        let mut last = 0;
+        for us in [0u64, 1, 15, 16, 17, 31, 32, 100, 1000, 123_456, 10_000_000] {
+            let b = Histogram::bucket(us);
+            assert!(b >= last, "{us}");
+            last = b;
+            assert!(Histogram::lower(b) <= us, "{us} below its bucket");
+            assert!(Histogram::lower(b + 1) > us, "{us} above its bucket");
+        }
+    }
+
+    #[test]
+    fn quantiles_within_bucket_precision() {
+        let mut h = Histogram::default();
+        for i in 1..=1000u64 {
+            h.record(Duration::from_micros(i * 100));
+        }
+        let p50 = h.quantile(0.5).as_micros() as f64;
+        assert!((p50 - 50_000.0).abs() / 50_000.0 < 0.07, "{p50}");
+        let p99 = h.quantile(0.99).as_micros() as f64;
+        assert!((p99 - 99_000.0).abs() / 99_000.0 < 0.07, "{p99}");
+        assert_eq!(h.quantile(1.0), Duration::from_micros(100_000));
+        assert_eq!(h.count(), 1000);
+        let mut m = Histogram::default();
+        m.merge(&h);
+        m.merge(&h);
+        assert_eq!(m.count(), 2000);
+        assert_eq!(m.quantile(0.5), h.quantile(0.5));
+    }
+}

@@ -1,0 +1,412 @@
+//! Scenario tests of the engine, driven by hand with a virtual clock.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use braid_policy::{by_name, PolicyOptions};
+use braid_proto::{CmdFlags, Cookie, Errno};
+
+use super::*;
+
+struct Harness {
+    e: Engine,
+    now: Duration,
+    sent: Vec<SendChunk>,
+    done: HashMap<ReqId, Result<(), IoError>>,
+    log: Vec<Action>,
+}
+
+impl Harness {
+    fn new(policy: &str, paths: usize, cfg: EngineConfig) -> Self {
+        let mut e = Engine::new(
+            EngineConfig {
+                size: 1 << 30,
+                ..cfg
+            },
+            by_name(policy, &PolicyOptions::default()).unwrap(),
+        );
+        for _ in 0..paths {
+            let p = e.add_path(PathConfig::default(), Duration::ZERO);
+            e.path_up(Duration::ZERO, p, vec![Some(p.0 as u64 + 100)], true);
+        }
+        let mut h = Self {
+            e,
+            now: Duration::ZERO,
+            sent: Vec::new(),
+            done: HashMap::new(),
+            log: Vec::new(),
+        };
+        h.pump();
+        h.log.clear();
+        h
+    }
+
+    fn pump(&mut self) {
+        while let Some(a) = self.e.poll_action() {
+            match &a {
+                Action::Send(s) => self.sent.push(s.clone()),
+                Action::Complete { req, result } => {
+                    assert!(
+                        self.done.insert(*req, result.clone()).is_none(),
+                        "request {req:?} completed twice"
+                    );
+                }
+                _ => {}
+            }
+            self.log.push(a);
+        }
+    }
+
+    fn submit(&mut self, op: Op, offset: u64, len: u64) -> ReqId {
+        let id = self.e.submit(
+            self.now,
+            Submit {
+                op,
+                offset,
+                len,
+                flags: CmdFlags(0),
+            },
+        );
+        self.pump();
+        id
+    }
+
+    fn reply_all(&mut self, ok: bool) {
+        let sent = std::mem::take(&mut self.sent);
+        for s in sent {
+            let outcome = if ok {
+                Ok(())
+            } else {
+                Err((Errno::Io, "bad".into()))
+            };
+            self.e.reply(self.now, s.cookie, outcome);
+        }
+        self.pump();
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now += d;
+        self.e.tick(self.now);
+        self.pump();
+    }
+
+    fn paths_used(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = self.sent.iter().map(|s| s.path.0).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+#[test]
+fn one_path_read_completes_on_its_reply() {
+    let mut h = Harness::new("adaptive", 1, EngineConfig::default());
+    let r = h.submit(Op::Read, 0, 4096);
+    assert_eq!(h.sent.len(), 1);
+    assert!(h.done.is_empty());
+    h.reply_all(true);
+    assert_eq!(h.done[&r], Ok(()));
+}
+
+#[test]
+fn large_request_at_depth_one_uses_every_path() {
+    for policy in [
+        "adaptive",
+        "round-robin",
+        "least-queue-depth",
+        "service-time",
+    ] {
+        let mut h = Harness::new(policy, 2, EngineConfig::default());
+        let r = h.submit(Op::Read, 0, 1 << 20);
+        assert_eq!(h.paths_used(), vec![0, 1], "{policy}");
+        let total: u64 = h.sent.iter().map(|s| u64::from(s.len)).sum();
+        assert_eq!(total, 1 << 20);
+        h.reply_all(true);
+        assert_eq!(h.done[&r], Ok(()));
+    }
+}
+
+#[test]
+fn failover_policy_keeps_standby_idle() {
+    let mut h = Harness::new("failover", 2, EngineConfig::default());
+    h.submit(Op::Write, 0, 4 << 20);
+    assert_eq!(h.paths_used(), vec![0]);
+}
+
+#[test]
+fn request_completes_once_all_chunks_have_with_the_first_error() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    let r = h.submit(Op::Write, 0, 1 << 20);
+    let sent = std::mem::take(&mut h.sent);
+    assert!(sent.len() > 1);
+    h.e.reply(h.now, sent[0].cookie, Err((Errno::NoSpc, "full".into())));
+    h.pump();
+    for s in &sent[1..sent.len() - 1] {
+        h.e.reply(h.now, s.cookie, Ok(()));
+    }
+    h.pump();
+    assert!(h.done.is_empty(), "completed before its last chunk");
+    h.e.reply(h.now, sent.last().unwrap().cookie, Ok(()));
+    h.pump();
+    assert!(matches!(
+        h.done[&r],
+        Err(IoError::Target {
+            errno: Errno::NoSpc,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn failover_resends_inflight_read_on_surviving_path() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    let r = h.submit(Op::Read, 0, 1 << 20);
+    let on_path0: Vec<Cookie> = h
+        .sent
+        .iter()
+        .filter(|s| s.path.0 == 0)
+        .map(|s| s.cookie)
+        .collect();
+    assert!(!on_path0.is_empty());
+    h.e.path_failed(h.now, PathId(0), "socket closed");
+    h.pump();
+    assert!(h.log.contains(&Action::Close { path: PathId(0) }));
+    // Replies from the dead path no longer count.
+    for c in on_path0 {
+        h.e.reply(h.now, c, Ok(()));
+    }
+    h.pump();
+    assert!(h.done.is_empty());
+    let resent: Vec<&SendChunk> = h.sent.iter().filter(|s| s.path.0 == 1).collect();
+    assert!(!resent.is_empty());
+    h.reply_all(true);
+    assert_eq!(h.done[&r], Ok(()));
+}
+
+#[test]
+fn writes_of_a_failed_path_wait_for_its_fence() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    let r = h.submit(Op::Write, 0, 1 << 20);
+    let before = h.sent.len();
+    h.e.path_failed(h.now, PathId(0), "reset");
+    h.pump();
+    assert!(h.log.contains(&Action::Fence {
+        path: PathId(0),
+        conns: vec![100]
+    }));
+    assert_eq!(h.sent.len(), before, "a write was re-sent before the fence");
+    h.e.fence_done(h.now, PathId(0));
+    h.pump();
+    assert!(h.sent.len() > before);
+    assert!(h.sent[before..].iter().all(|s| s.path.0 == 1));
+    // Old cookies on path 0 are stale; answer only the live ones.
+    let live: Vec<Cookie> = h
+        .sent
+        .iter()
+        .filter(|s| s.path.0 == 1)
+        .map(|s| s.cookie)
+        .collect();
+    for c in live {
+        h.e.reply(h.now, c, Ok(()));
+    }
+    h.pump();
+    assert_eq!(h.done[&r], Ok(()));
+}
+
+#[test]
+fn without_fencing_writes_are_resent_after_close() {
+    let mut e = Engine::new(
+        EngineConfig {
+            size: 1 << 30,
+            ..EngineConfig::default()
+        },
+        by_name("round-robin", &PolicyOptions::default()).unwrap(),
+    );
+    for _ in 0..2 {
+        let p = e.add_path(PathConfig::default(), Duration::ZERO);
+        e.path_up(Duration::ZERO, p, vec![None], false);
+    }
+    while e.poll_action().is_some() {}
+    e.submit(
+        Duration::ZERO,
+        Submit {
+            op: Op::Write,
+            offset: 0,
+            len: 1 << 20,
+            flags: CmdFlags(0),
+        },
+    );
+    while e.poll_action().is_some() {}
+    e.path_failed(Duration::ZERO, PathId(0), "reset");
+    let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();
+    let close = actions
+        .iter()
+        .position(|a| matches!(a, Action::Close { .. }))
+        .unwrap();
+    let first_send = actions
+        .iter()
+        .position(|a| matches!(a, Action::Send(_)))
+        .unwrap();
+    assert!(close < first_send);
+    assert!(!actions.iter().any(|a| matches!(a, Action::Fence { .. })));
+}
+
+#[test]
+fn silent_path_is_failed_after_its_timeout() {
+    let cfg = EngineConfig {
+        timeout_floor: Duration::from_millis(300),
+        timeout_ceiling: Duration::from_secs(2),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("round-robin", 2, cfg);
+    h.submit(Op::Read, 0, 1 << 20);
+    // Path 1 answers, path 0 stays silent.
+    let sent = std::mem::take(&mut h.sent);
+    for s in sent.iter().filter(|s| s.path.0 == 1) {
+        h.e.reply(h.now, s.cookie, Ok(()));
+    }
+    h.pump();
+    h.advance(Duration::from_millis(200));
+    assert_eq!(h.e.path_state(PathId(0)), PathState::Active);
+    // Unmeasured paths are given the ceiling's patience.
+    h.advance(Duration::from_secs(3));
+    assert_eq!(h.e.path_state(PathId(0)), PathState::Failed);
+    assert!(h.log.iter().any(|a| matches!(
+        a,
+        Action::Event(Event::PathFailed { reason, .. }) if reason.starts_with("no reply in")
+    )));
+}
+
+#[test]
+fn no_path_waits_then_fails_with_eio() {
+    let cfg = EngineConfig {
+        no_path_timeout: Some(Duration::from_secs(5)),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("adaptive", 1, cfg);
+    h.e.path_failed(h.now, PathId(0), "down");
+    h.pump();
+    let r = h.submit(Op::Write, 0, 4096);
+    assert!(h.sent.is_empty());
+    h.advance(Duration::from_secs(4));
+    assert!(h.done.is_empty(), "failed before the no-path timeout");
+    h.advance(Duration::from_secs(2));
+    assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
+    assert_eq!(h.done[&r].as_ref().unwrap_err().errno(), Errno::Io);
+}
+
+#[test]
+fn no_path_resumes_when_a_path_returns() {
+    let mut h = Harness::new("adaptive", 1, EngineConfig::default());
+    h.e.path_failed(h.now, PathId(0), "down");
+    h.pump();
+    let r = h.submit(Op::Read, 0, 4096);
+    h.advance(Duration::from_secs(3));
+    h.e.path_up(h.now, PathId(0), vec![Some(7)], true);
+    h.pump();
+    assert!(h
+        .log
+        .contains(&Action::Event(Event::PathRestored { path: PathId(0) })));
+    assert_eq!(h.sent.len(), 1);
+    h.reply_all(true);
+    assert_eq!(h.done[&r], Ok(()));
+}
+
+#[test]
+fn no_path_timeout_zero_fails_at_once() {
+    let cfg = EngineConfig {
+        no_path_timeout: Some(Duration::ZERO),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("adaptive", 1, cfg);
+    h.e.path_failed(h.now, PathId(0), "down");
+    h.pump();
+    let r = h.submit(Op::Read, 0, 4096);
+    assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
+}
+
+#[test]
+fn flush_waits_for_earlier_writes() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    let w = h.submit(Op::Write, 0, 8192);
+    let writes = std::mem::take(&mut h.sent);
+    let f = h.submit(Op::Flush, 0, 0);
+    assert!(
+        h.sent.is_empty(),
+        "flush sent with an earlier write unacknowledged"
+    );
+    for s in writes {
+        h.e.reply(h.now, s.cookie, Ok(()));
+    }
+    h.pump();
+    assert_eq!(h.done[&w], Ok(()));
+    assert_eq!(h.sent.len(), 1);
+    assert_eq!(h.sent[0].op, Op::Flush);
+    // A write submitted after the flush does not hold it.
+    let _later = h.submit(Op::Write, 0, 4096);
+    let flush_cookie = h.sent[0].cookie;
+    h.e.reply(h.now, flush_cookie, Ok(()));
+    h.pump();
+    assert_eq!(h.done[&f], Ok(()));
+}
+
+#[test]
+fn idle_paths_are_probed() {
+    let mut h = Harness::new("adaptive", 2, EngineConfig::default());
+    h.advance(Duration::from_millis(1500));
+    let probes: Vec<&SendChunk> = h.sent.iter().filter(|s| s.req.is_none()).collect();
+    assert_eq!(probes.len(), 2);
+    assert!(probes.iter().all(|p| p.op == Op::Read && p.len >= 1));
+    h.reply_all(true);
+    assert!(h.done.is_empty());
+}
+
+#[test]
+fn reconnects_back_off_to_the_cap() {
+    let cfg = EngineConfig {
+        reconnect_min: Duration::from_millis(100),
+        reconnect_max: Duration::from_millis(700),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("adaptive", 1, cfg);
+    h.e.path_failed(h.now, PathId(0), "down");
+    for _ in 0..4 {
+        h.e.reconnect_failed(PathId(0));
+    }
+    h.pump();
+    let delays: Vec<u64> = h
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Reconnect { after, .. } => Some(after.as_millis() as u64),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delays, vec![100, 200, 400, 700, 700]);
+}
+
+#[test]
+fn disabled_paths_get_nothing_new() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    h.e.set_enabled(h.now, PathId(1), false);
+    assert_eq!(h.e.path_state(PathId(1)), PathState::Disabled);
+    h.submit(Op::Read, 0, 4 << 20);
+    assert_eq!(h.paths_used(), vec![0]);
+    h.e.set_enabled(h.now, PathId(1), true);
+    h.sent.clear();
+    h.submit(Op::Read, 0, 4 << 20);
+    assert_eq!(h.paths_used(), vec![0, 1]);
+}
+
+#[test]
+fn counters_follow_completed_chunks() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    h.submit(Op::Write, 0, 1 << 20);
+    h.submit(Op::Read, 0, 1 << 20);
+    h.reply_all(true);
+    let a = h.e.path_report(PathId(0), h.now).counters;
+    let b = h.e.path_report(PathId(1), h.now).counters;
+    assert_eq!(a.written_bytes + b.written_bytes, 1 << 20);
+    assert_eq!(a.read_bytes + b.read_bytes, 1 << 20);
+    assert!(a.writes > 0 && b.writes > 0);
+}
