@@ -5,11 +5,11 @@
 //! (`SO_BINDTODEVICE`), and so is every connection accepted on it: replies
 //! leave by the link the request came in on, even when every address of
 //! the host shares one subnet and the routing table would send them all
-//! out of one NIC.
+//! out of one NIC. IPv6 link-local addresses are left out: clients could
+//! not name them without a scope id.
 
-use std::ffi::CStr;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -75,77 +75,6 @@ impl std::fmt::Display for Portal {
     }
 }
 
-/// An address of a local interface.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IfaceAddr {
-    pub iface: String,
-    pub ip: IpAddr,
-    pub up: bool,
-    pub loopback: bool,
-}
-
-/// Every IPv4 and IPv6 address of every interface (`getifaddrs`).
-///
-/// # Errors
-///
-/// The OS error from `getifaddrs`.
-pub fn interface_addrs() -> io::Result<Vec<IfaceAddr>> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut out = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned, alive until
-        // freeifaddrs; its name is a NUL-terminated string.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: as above.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
-        // SAFETY: ifa_addr points to a sockaddr whose family says which
-        // concrete type it is; we read only that type.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => continue,
-            }
-        };
-        let flags = ifa.ifa_flags;
-        out.push(IfaceAddr {
-            iface: name,
-            ip,
-            up: flags & libc::IFF_UP as u32 != 0,
-            loopback: flags & libc::IFF_LOOPBACK as u32 != 0,
-        });
-    }
-    // SAFETY: head came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    Ok(out)
-}
-
-/// IPv6 link-local addresses need a scope id to be reached; braid leaves
-/// them out rather than serve a portal clients cannot name.
-fn usable(ip: &IpAddr) -> bool {
-    match ip {
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
-        IpAddr::V4(_) => true,
-    }
-}
-
 /// Turns `--listen` values into portals.
 ///
 /// # Errors
@@ -153,7 +82,7 @@ fn usable(ip: &IpAddr) -> bool {
 /// A message naming the value that matched nothing (an unknown interface,
 /// an interface without addresses, `all` on a host with no address).
 pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
-    let addrs = interface_addrs().map_err(|e| format!("cannot list interfaces: {e}"))?;
+    let addrs = braid_netif::addrs().map_err(|e| format!("cannot list interfaces: {e}"))?;
     let mut out: Vec<Portal> = Vec::new();
     for spec in specs {
         let found: Vec<Portal> = match spec {
@@ -172,7 +101,7 @@ pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
                 }
                 addrs
                     .iter()
-                    .filter(|a| &a.iface == name && usable(&a.ip))
+                    .filter(|a| &a.iface == name && !a.link_local())
                     .map(|a| Portal {
                         addr: SocketAddr::new(a.ip, *port),
                         device: Some(a.iface.clone()),
@@ -181,7 +110,7 @@ pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
             }
             ListenSpec::All { port } => addrs
                 .iter()
-                .filter(|a| a.up && !a.loopback && usable(&a.ip))
+                .filter(|a| a.up && !a.loopback && !a.link_local())
                 .map(|a| Portal {
                     addr: SocketAddr::new(a.ip, *port),
                     device: Some(a.iface.clone()),

@@ -226,7 +226,7 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
 /// Portal names for clients. A wildcard listener (0.0.0.0, ::) stands for
 /// every address of its family, so each is advertised instead.
 fn advertise(addrs: impl Iterator<Item = io::Result<SocketAddr>>) -> Vec<String> {
-    let ifaces = portal::interface_addrs().unwrap_or_default();
+    let ifaces = braid_netif::addrs().unwrap_or_default();
     let mut out: Vec<String> = Vec::new();
     for addr in addrs.flatten() {
         let expanded: Vec<SocketAddr> = if addr.ip().is_unspecified() {
