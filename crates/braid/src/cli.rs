@@ -44,6 +44,139 @@ pub enum Command {
     /// Export volumes over NBD on one or more portals (runs in the foreground)
     #[command(after_long_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
+    /// Copy between local files or devices and NBD volumes, over every path
+    #[command(after_long_help = COPY_EXAMPLES)]
+    Copy(CopyArgs),
+    /// Measure a volume over every path: MB/s, IOPS, latency, per path
+    #[command(after_long_help = BENCH_EXAMPLES)]
+    Bench(BenchArgs),
+    /// Serve a demo volume on two loopback portals and use it with multipath
+    Demo(DemoArgs),
+}
+
+const COPY_EXAMPLES: &str = "\
+Examples:
+  braid copy disk.img nbd://10.0.1.5/vol
+      upload over every portal the target advertises
+  braid copy nbd://10.0.1.5/vol backup.img --verify
+      download, then read both back and compare sha256
+  braid copy disk.img nbd://10.0.1.5/vol --local eth1 --local eth2
+      one path per NIC, each bound to its interface
+  braid copy disk.img nbd://host/vol --portal 10.0.1.5 --portal 10.0.2.5
+      a plain NBD server (nbdkit, qemu-nbd): name its portals
+
+Zero regions of the source become WRITE_ZEROES (or holes) on the
+destination instead of data.";
+
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  braid bench nbd://10.0.1.5/vol --rw read --bs 1M --iodepth 1 --time 10
+  braid bench nbd://10.0.1.5/vol --rw randrw --bs 4K --iodepth 32 --verify
+  braid bench nbd://10.0.1.5/vol --policy round-robin --json
+
+Writes destroy the data in the span they use (--size, from offset 0).";
+
+/// Flags shared by every command that opens a multipath volume.
+#[derive(Args, Debug, Clone)]
+pub struct MultipathArgs {
+    /// Portal of the target to use as a path, ADDR[:PORT] (repeatable).
+    /// Default: every portal a braid target advertises, or the URI's host
+    #[arg(long = "portal", value_name = "ADDR[:PORT]")]
+    pub portals: Vec<String>,
+
+    /// Local address or interface to send from, one path each, paired with
+    /// the portals (repeatable). Interfaces are bound with SO_BINDTODEVICE
+    #[arg(long = "local", value_name = "ADDR|IFACE")]
+    pub locals: Vec<braid_initiator::LocalSpec>,
+
+    /// Path policy: adaptive (default), failover, round-robin,
+    /// round-robin-subset, least-queue-depth, least-blocks, weighted,
+    /// service-time, historical-service-time
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+
+    /// NBD connections per path
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub connections_per_path: usize,
+
+    /// How long I/O waits when no path works: seconds, 0 to fail at once,
+    /// or `queue` to wait forever
+    #[arg(long, value_name = "SECONDS|queue", default_value = "60")]
+    pub no_path_timeout: String,
+
+    /// Shortest no-reply time after which a busy path is declared failed
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.5)]
+    pub timeout_floor: f64,
+
+    /// Longest no-reply time a busy path is allowed
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub timeout_ceiling: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct CopyArgs {
+    /// Source: a file, a block device, or nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH
+    pub src: String,
+    /// Destination, same forms; a missing file is created
+    pub dst: String,
+    /// Read both sides back afterwards and compare sha256
+    #[arg(long)]
+    pub verify: bool,
+    /// Requests in flight
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub requests: usize,
+    /// Size of each request
+    #[arg(long, value_name = "SIZE", default_value = "1M")]
+    pub bs: String,
+    /// No progress bar (it is shown only on a terminal anyway)
+    #[arg(long)]
+    pub no_progress: bool,
+    #[command(flatten)]
+    pub multipath: MultipathArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// The volume: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH
+    pub uri: String,
+    /// Workload: read, write, randread, randwrite, randrw
+    #[arg(long, value_name = "KIND", default_value = "read")]
+    pub rw: String,
+    /// Request size
+    #[arg(long, value_name = "SIZE", default_value = "1M")]
+    pub bs: String,
+    /// Requests in flight
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub iodepth: usize,
+    /// How long to run, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub time: f64,
+    /// Span of the volume to use, from offset 0 [default: all of it]
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<String>,
+    /// Percentage of reads in randrw
+    #[arg(long, value_name = "PERCENT", default_value_t = 50)]
+    pub rwmixread: u8,
+    /// Check every read against the pattern written (reads of a span not
+    /// written in this run are preceded by writing it)
+    #[arg(long)]
+    pub verify: bool,
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub multipath: MultipathArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Size of the demo volume
+    #[arg(long, value_name = "SIZE", default_value = "512M")]
+    pub size: String,
+    /// Seconds for each benchmark step
+    #[arg(long, value_name = "SECONDS", default_value_t = 3.0)]
+    pub time: f64,
 }
 
 const SERVE_EXAMPLES: &str = "\

@@ -5,7 +5,9 @@ use tracing_subscriber::EnvFilter;
 
 /// Installs the subscriber. `-v` shows debug, `-vv` trace; `-q` shows only
 /// warnings, `-qq` only errors. `RUST_LOG`, when set, wins.
-pub fn init(verbose: u8, quiet: u8) {
+/// `quiet_target` keeps the in-process target at warnings (for `demo`,
+/// where its connection lines would drown the output).
+pub fn init(verbose: u8, quiet: u8, quiet_target: bool) {
     let level = match (i16::from(verbose) - i16::from(quiet)).clamp(-2, 2) {
         -2 => "error",
         -1 => "warn",

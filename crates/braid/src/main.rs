@@ -5,9 +5,15 @@
 //!
 //! Exit codes: 0 success, 1 the operation failed, 2 usage error.
 
+mod bench;
 mod cli;
+mod copy;
+mod demo;
 mod logging;
+mod multipath;
+mod pattern;
 mod serve;
+mod side;
 
 use std::process::ExitCode;
 
@@ -15,9 +21,13 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    logging::init(cli.verbose, cli.quiet);
+    let demo = matches!(cli.command, cli::Command::Demo(_));
+    logging::init(cli.verbose, cli.quiet, demo);
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Copy(args) => copy::run(args),
+        cli::Command::Bench(args) => bench::run(args),
+        cli::Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

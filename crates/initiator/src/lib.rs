@@ -1,7 +1,19 @@
 //! braid's multipath NBD initiator.
 //!
-//! The [`engine`] decides (sans-IO); the rest carries its decisions out
-//! with tokio: NBD client connections, paths, discovery, and the
-//! [`Volume`] handle callers use.
+//! One [`Volume`] is one export reached over every path a client has to
+//! its target. The [`engine`] makes every decision — which path each chunk
+//! takes, when a path has failed, what is re-sent and when — without I/O;
+//! the rest carries its decisions out with tokio: NBD client connections
+//! ([`conn`]), discovery and path pairing ([`discover`]), and the volume
+//! driver with its background recovery.
 
+pub mod conn;
+pub mod discover;
 pub mod engine;
+pub mod uri;
+mod volume;
+
+pub use discover::LocalSpec;
+pub use engine::{IoError, Op};
+pub use uri::{Endpoint, NbdUri};
+pub use volume::{Done, OpenError, PathFigures, Volume, VolumeConfig, VolumeInfo, VolumeReport};

@@ -844,6 +844,16 @@ impl Engine {
         }
     }
 
+    /// Whether writes of `path` still wait for its fence.
+    pub fn fence_pending(&self, path: PathId) -> bool {
+        self.fence_hold.get(path.0).is_some_and(|h| !h.is_empty())
+    }
+
+    /// Whether new chunks may go to `path` now.
+    pub fn path_usable(&self, path: PathId) -> bool {
+        self.paths.get(path.0).is_some_and(Path::usable)
+    }
+
     pub fn path_count(&self) -> usize {
         self.paths.len()
     }

@@ -1,0 +1,108 @@
+//! Turning the shared multipath flags into a volume configuration, and
+//! printing what a volume's paths did.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use braid_initiator::{NbdUri, OpenError, Volume, VolumeConfig, VolumeReport};
+use braid_target::source::format_size;
+
+use crate::cli::{MultipathArgs, UsageError};
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// Checks the flags and builds the configuration for `uri`.
+pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
+    let uri: NbdUri = uri.parse().map_err(usage)?;
+    let mut cfg = VolumeConfig::new(uri);
+    for p in &args.portals {
+        let addr = braid_initiator::uri::resolve_host(p)
+            .map_err(|e| usage(format!("--portal {p:?}: {e}")))?;
+        cfg.portals.push(addr);
+    }
+    cfg.locals = args.locals.clone();
+    if let Some(p) = &args.policy {
+        if !braid_policy::NAMES.contains(&p.as_str()) {
+            return Err(usage(format!(
+                "--policy {p:?}: valid policies are {}",
+                braid_policy::NAMES.join(", ")
+            )));
+        }
+    }
+    cfg.policy = args.policy.clone();
+    if args.connections_per_path == 0 {
+        return Err(usage("--connections-per-path must be at least 1"));
+    }
+    cfg.connections_per_path = Some(args.connections_per_path);
+    cfg.no_path_timeout = match args.no_path_timeout.as_str() {
+        "queue" => None,
+        s => Some(Duration::from_secs_f64(
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| {
+                    usage(format!(
+                        "--no-path-timeout {s:?}: give seconds (0 fails at once) or `queue`"
+                    ))
+                })?,
+        )),
+    };
+    let secs = |v: f64, flag: &str| -> Result<Duration> {
+        if v.is_finite() && v > 0.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(usage(format!(
+                "{flag} must be a positive number of seconds"
+            )))
+        }
+    };
+    cfg.timeout_floor = secs(args.timeout_floor, "--timeout-floor")?;
+    cfg.timeout_ceiling = secs(args.timeout_ceiling, "--timeout-ceiling")?;
+    if cfg.timeout_ceiling < cfg.timeout_floor {
+        return Err(usage("--timeout-ceiling is below --timeout-floor"));
+    }
+    Ok(cfg)
+}
+
+/// Opens a volume, turning usage mistakes into exit code 2.
+pub async fn open(cfg: VolumeConfig) -> Result<Volume> {
+    let uri = format!("{}/{}", cfg.uri.endpoint, cfg.uri.export);
+    match Volume::open(cfg).await {
+        Ok(v) => Ok(v),
+        Err(OpenError::Usage(m)) => Err(usage(m)),
+        Err(e) => Err(e).with_context(|| format!("opening {uri}")),
+    }
+}
+
+/// Each path's share of the bytes moved, e.g. `path 1 (…) 50.2%`.
+pub fn shares(report: &VolumeReport) -> Vec<(String, u64, f64)> {
+    let bytes: Vec<u64> = report
+        .paths
+        .iter()
+        .map(|p| p.figures.counters.read_bytes + p.figures.counters.written_bytes)
+        .collect();
+    let total: u64 = bytes.iter().sum::<u64>().max(1);
+    report
+        .paths
+        .iter()
+        .zip(bytes)
+        .map(|(p, b)| {
+            let name = if p.local == "*" {
+                format!("path {} ({})", p.index, p.portal)
+            } else {
+                format!("path {} ({} → {})", p.index, p.local, p.portal)
+            };
+            (name, b, b as f64 * 100.0 / total as f64)
+        })
+        .collect()
+}
+
+/// One line per path: bytes and share, for summaries.
+pub fn share_lines(report: &VolumeReport) -> Vec<String> {
+    shares(report)
+        .into_iter()
+        .map(|(name, b, pct)| format!("  {name}: {} ({pct:.1}%)", format_size(b)))
+        .collect()
+}

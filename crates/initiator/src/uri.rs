@@ -1,0 +1,156 @@
+//! NBD URIs as users write them (the NBD URI convention libnbd and qemu
+//! use): `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+
+/// Where the first connection goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tcp(a) => write!(f, "{a}"),
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A parsed NBD URI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NbdUri {
+    pub endpoint: Endpoint,
+    pub export: String,
+    /// `nbds://`: TLS required.
+    pub tls: bool,
+}
+
+/// The NBD port clients assume.
+pub const DEFAULT_PORT: u16 = 10809;
+
+impl std::str::FromStr for NbdUri {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = |why: &str| {
+            format!("{s:?} is not an NBD URI ({why}); write nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH")
+        };
+        let (scheme, rest) = s.split_once("://").ok_or_else(|| bad("no scheme"))?;
+        let (tls, unix) = match scheme {
+            "nbd" | "nbd+tcp" => (false, false),
+            "nbds" | "nbds+tcp" => (true, false),
+            "nbd+unix" => (false, true),
+            "nbds+unix" => (true, true),
+            other => return Err(bad(&format!("unknown scheme {other:?}"))),
+        };
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, Some(q)),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, ""),
+        };
+        let export = percent_decode(path).ok_or_else(|| bad("bad %-escape in the export name"))?;
+        let endpoint = if unix {
+            if !authority.is_empty() {
+                return Err(bad("nbd+unix:// takes no host"));
+            }
+            let socket = query
+                .into_iter()
+                .flat_map(|q| q.split('&'))
+                .find_map(|kv| kv.strip_prefix("socket="))
+                .ok_or_else(|| bad("nbd+unix needs ?socket=PATH"))?;
+            Endpoint::Unix(PathBuf::from(
+                percent_decode(socket).ok_or_else(|| bad("bad %-escape in the socket path"))?,
+            ))
+        } else {
+            Endpoint::Tcp(resolve_host(authority).map_err(|e| bad(&e))?)
+        };
+        Ok(Self {
+            endpoint,
+            export,
+            tls,
+        })
+    }
+}
+
+/// `HOST[:PORT]` with HOST a name, an IPv4 address or `[IPv6]`.
+pub fn resolve_host(authority: &str) -> Result<SocketAddr, String> {
+    if authority.is_empty() {
+        return Err("no host".into());
+    }
+    if let Ok(sa) = authority.parse::<SocketAddr>() {
+        return Ok(sa);
+    }
+    let bare = authority.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+    }
+    let with_port = if authority.contains(':') {
+        authority.to_owned()
+    } else {
+        format!("{authority}:{DEFAULT_PORT}")
+    };
+    with_port
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {authority:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{authority:?} has no address"))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_uris() {
+        let u: NbdUri = "nbd://127.0.0.1:10810/vol".parse().unwrap();
+        assert_eq!(u.endpoint, Endpoint::Tcp("127.0.0.1:10810".parse().unwrap()));
+        assert_eq!(u.export, "vol");
+        assert!(!u.tls);
+        let u: NbdUri = "nbds://[::1]/a%20b".parse().unwrap();
+        assert_eq!(u.endpoint, Endpoint::Tcp("[::1]:10809".parse().unwrap()));
+        assert_eq!(u.export, "a b");
+        assert!(u.tls);
+        let u: NbdUri = "nbd://10.0.0.1".parse().unwrap();
+        assert_eq!(u.export, "");
+    }
+
+    #[test]
+    fn unix_uris() {
+        let u: NbdUri = "nbd+unix:///vol?socket=/run/braid/vol.sock".parse().unwrap();
+        assert_eq!(u.endpoint, Endpoint::Unix("/run/braid/vol.sock".into()));
+        assert_eq!(u.export, "vol");
+        assert!("nbd+unix:///vol".parse::<NbdUri>().is_err());
+    }
+
+    #[test]
+    fn mistakes_say_what_to_write() {
+        for bad in ["127.0.0.1/vol", "http://x/y", "nbd:///vol", "nbd://h/%zz"] {
+            let e = bad.parse::<NbdUri>().unwrap_err();
+            assert!(e.contains("nbd://HOST"), "{bad}: {e}");
+        }
+    }
+}

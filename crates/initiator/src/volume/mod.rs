@@ -1,0 +1,507 @@
+//! [`Volume`]: one NBD export reached over every path at once.
+//!
+//! Opening a volume asks the first portal what the volume is and where else
+//! it is served, pairs local bindings with portals, and connects every
+//! path with the identity checked on each connection. From then on each
+//! call is submitted to the engine, whose actions the driver carries out;
+//! failed paths are fenced and reconnected in the background.
+
+mod core;
+mod recover;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid_policy::{by_name, PolicyOptions, SplitRules, UnknownPolicy};
+use braid_proto::reply::Extent;
+use braid_proto::{CmdFlags, Errno, TransmissionFlags};
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::conn::ConnectError;
+use crate::discover::{self, Expect, LocalSpec};
+use crate::engine::{Engine, EngineConfig, IoError, Op, PathConfig, PathId, PathReport};
+use crate::uri::{Endpoint, NbdUri};
+
+pub use self::core::Done;
+use self::core::{Core, PathIo, Shared};
+
+/// How to open a volume.
+#[derive(Clone, Debug)]
+pub struct VolumeConfig {
+    pub uri: NbdUri,
+    /// Portals to use instead of those the target advertises (needed for
+    /// plain NBD servers, which advertise none).
+    pub portals: Vec<SocketAddr>,
+    /// Local addresses or interfaces to send from, one path each (paired
+    /// with portals).
+    pub locals: Vec<LocalSpec>,
+    /// Connections per path; default 1.
+    pub connections_per_path: Option<usize>,
+    /// Policy name; `None` is `adaptive` (or `failover` where the target
+    /// does not allow spreading).
+    pub policy: Option<String>,
+    pub policy_options: PolicyOptions,
+    /// Bounds on each path's no-reply timeout.
+    pub timeout_floor: Duration,
+    pub timeout_ceiling: Duration,
+    /// How long I/O waits when no path works; `None` waits forever.
+    pub no_path_timeout: Option<Duration>,
+    pub connect_timeout: Duration,
+    /// Chunk size for splitting large requests (policies other than
+    /// `adaptive`, which sizes chunks itself).
+    pub chunk: Option<u64>,
+}
+
+impl VolumeConfig {
+    pub fn new(uri: NbdUri) -> Self {
+        let engine = EngineConfig::default();
+        Self {
+            uri,
+            portals: Vec::new(),
+            locals: Vec::new(),
+            connections_per_path: None,
+            policy: None,
+            policy_options: PolicyOptions::default(),
+            timeout_floor: engine.timeout_floor,
+            timeout_ceiling: engine.timeout_ceiling,
+            no_path_timeout: engine.no_path_timeout,
+            connect_timeout: Duration::from_secs(5),
+            chunk: None,
+        }
+    }
+}
+
+/// Why a volume could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The request itself is wrong (policy, bindings, portals).
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("no path to the volume could be opened:\n  {}", .0.join("\n  "))]
+    NoPath(Vec<String>),
+}
+
+/// What is known about an open volume.
+#[derive(Clone, Debug)]
+pub struct VolumeInfo {
+    pub export: String,
+    pub size: u64,
+    pub flags: TransmissionFlags,
+    pub min_block: u32,
+    pub preferred_block: u32,
+    pub max_payload: u32,
+    /// `x-braid:volume`, if the target is braid.
+    pub identity: Option<String>,
+    /// Path names, `local → portal`, in path order.
+    pub paths: Vec<String>,
+    pub connections_per_path: usize,
+    /// The target fences failed connections.
+    pub fencing: bool,
+}
+
+/// Settings every background task needs.
+pub(crate) struct Settings {
+    pub connections_per_path: usize,
+    pub expect: Expect,
+    pub connect_timeout: Duration,
+    pub probe_len: u32,
+    pub max_payload: u32,
+    pub fencing: bool,
+}
+
+/// One path's figures with its name.
+#[derive(Clone, Debug)]
+pub struct PathFigures {
+    /// 1-based, as users count paths.
+    pub index: usize,
+    pub local: String,
+    pub portal: String,
+    pub figures: PathReport,
+}
+
+/// A snapshot of the volume's figures.
+#[derive(Clone, Debug)]
+pub struct VolumeReport {
+    pub policy: String,
+    pub paths: Vec<PathFigures>,
+    /// Time since the volume was opened.
+    pub uptime: Duration,
+}
+
+/// How often the engine's clock advances (timeouts, probes, deadlines).
+const TICK: Duration = Duration::from_millis(25);
+
+/// A multipath volume.
+pub struct Volume {
+    shared: Arc<Shared>,
+    info: VolumeInfo,
+    ticker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Volume {
+    /// Discovers the volume and connects every path.
+    ///
+    /// # Errors
+    ///
+    /// See [`OpenError`]: the messages say what to change.
+    pub async fn open(cfg: VolumeConfig) -> Result<Self, OpenError> {
+        let locals = discover::resolve_locals(&cfg.locals).map_err(OpenError::Usage)?;
+        let d = discover::discover(
+            &cfg.uri.endpoint,
+            &Default::default(),
+            &cfg.uri.export,
+            cfg.connect_timeout,
+        )
+        .await?;
+        let portals: Vec<Endpoint> = match (&cfg.uri.endpoint, cfg.portals.is_empty()) {
+            (Endpoint::Unix(_), _) => vec![cfg.uri.endpoint.clone()],
+            (_, false) => cfg.portals.iter().copied().map(Endpoint::Tcp).collect(),
+            (_, true) if !d.portals.is_empty() => {
+                d.portals.iter().copied().map(Endpoint::Tcp).collect()
+            }
+            _ => vec![cfg.uri.endpoint.clone()],
+        };
+        let specs = if matches!(cfg.uri.endpoint, Endpoint::Unix(_)) {
+            discover::pair(&[], &portals)
+        } else {
+            discover::pair(&locals, &portals)
+        };
+        let multi = d.export.flags.can_multi_conn();
+        let spreading = specs.len() > 1 || cfg.connections_per_path.unwrap_or(1) > 1;
+        let policy_name = match (&cfg.policy, multi) {
+            (Some(p), _) if p == "failover" => p.clone(),
+            (Some(p), false) if spreading => {
+                return Err(OpenError::Usage(format!(
+                    "policy {p:?} spreads one volume over several connections, but the server does \
+                     not offer CAN_MULTI_CONN (its connections may not share a cache, so a flush on \
+                     one would not cover writes on another); use --policy failover with this server"
+                )))
+            }
+            (Some(p), _) => p.clone(),
+            (None, false) if spreading => {
+                warn!(
+                    "the server does not offer CAN_MULTI_CONN: using policy failover (one \
+                     connection at a time) so flushes stay correct"
+                );
+                "failover".to_owned()
+            }
+            (None, _) => "adaptive".to_owned(),
+        };
+        let policy = by_name(&policy_name, &cfg.policy_options)
+            .map_err(|e| OpenError::Usage(e.to_string()))?;
+        let connections_per_path = if multi {
+            cfg.connections_per_path.unwrap_or(1).max(1)
+        } else {
+            1
+        };
+        let export = d.export.clone();
+        let align = u64::from(export.preferred_block.max(export.min_block).max(1));
+        let max = u64::from(export.max_payload).clamp(align, 32 << 20);
+        let engine_cfg = EngineConfig {
+            split: SplitRules {
+                align,
+                chunk: cfg.chunk.unwrap_or(256 * 1024).max(align),
+                max: max / align * align,
+            },
+            size: export.size,
+            min_block: export.min_block,
+            timeout_floor: cfg.timeout_floor,
+            timeout_ceiling: cfg.timeout_ceiling.max(cfg.timeout_floor),
+            no_path_timeout: cfg.no_path_timeout,
+            ..EngineConfig::default()
+        };
+        let epoch = Instant::now();
+        let mut engine = Engine::new(engine_cfg, policy);
+        let mut paths = Vec::new();
+        for spec in &specs {
+            engine.add_path(PathConfig::default(), Duration::ZERO);
+            paths.push(PathIo {
+                spec: spec.clone(),
+                conns: Vec::new(),
+                allocation: Vec::new(),
+                generation: 0,
+                reconnecting: false,
+            });
+        }
+        let first = cfg.uri.endpoint.to_string();
+        let settings = Settings {
+            connections_per_path,
+            expect: Expect {
+                export: cfg.uri.export.clone(),
+                size: export.size,
+                identity: d.identity.clone(),
+                source: first,
+            },
+            connect_timeout: cfg.connect_timeout,
+            probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
+            max_payload: export.max_payload,
+            fencing: d.braid,
+        };
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                reqs: Default::default(),
+                paths,
+                received: Default::default(),
+                warned_no_fencing: false,
+            }),
+            epoch,
+            settings,
+        });
+        let opened = futures_join(specs.iter().enumerate().map(|(i, spec)| {
+            let shared = shared.clone();
+            let spec = spec.clone();
+            async move { recover::open_conns(&shared, PathId(i), &spec).await }
+        }))
+        .await;
+        let mut failures = Vec::new();
+        for (i, r) in opened.into_iter().enumerate() {
+            if let Err(e) = r {
+                failures.push((i, e));
+            }
+        }
+        if failures.len() == specs.len() {
+            return Err(OpenError::NoPath(
+                failures
+                    .iter()
+                    .map(|(i, e)| format!("path {} ({}): {e}", i + 1, specs[*i]))
+                    .collect(),
+            ));
+        }
+        for (i, e) in &failures {
+            if e.to_string().contains("not the same volume") {
+                return Err(OpenError::Usage(e.to_string()));
+            }
+            warn!("path {} ({}) did not open: {e}; retrying in the background", i + 1, specs[*i]);
+            let mut core = shared.lock();
+            core.engine.reconnect_failed(PathId(*i));
+            core.act(&shared);
+        }
+        if !d.braid && specs.len() > 1 {
+            info!("the server is not braid: no fencing, and identity is checked by size only");
+        }
+        let info = VolumeInfo {
+            export: cfg.uri.export.clone(),
+            size: export.size,
+            flags: export.flags,
+            min_block: export.min_block,
+            preferred_block: export.preferred_block,
+            max_payload: export.max_payload,
+            identity: d.identity,
+            paths: specs.iter().map(ToString::to_string).collect(),
+            connections_per_path,
+            fencing: d.braid,
+        };
+        let ticker = tokio::spawn(tick(Arc::downgrade(&shared)));
+        Ok(Self {
+            shared,
+            info,
+            ticker: Mutex::new(Some(ticker)),
+        })
+    }
+
+    pub fn info(&self) -> &VolumeInfo {
+        &self.info
+    }
+
+    /// Submits any request; the building block of the calls below, and
+    /// what a local NBD front end forwards requests through.
+    ///
+    /// # Errors
+    ///
+    /// The target's error, or EIO when no path was available in time.
+    pub async fn submit(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        flags: CmdFlags,
+        write: Option<Bytes>,
+    ) -> Result<Done, IoError> {
+        core::submit(&self.shared, op, offset, len, flags, write).await
+    }
+
+    /// Reads `len` bytes at `offset`; the pieces come back in order.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::submit`].
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<(u64, Bytes)>, IoError> {
+        Ok(self.submit(Op::Read, offset, len, CmdFlags(0), None).await?.data)
+    }
+
+    /// Writes `data` at `offset`; with `fua`, stable before it returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::submit`].
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
+        let flags = CmdFlags(if fua { CmdFlags::FUA } else { 0 });
+        let len = data.len() as u64;
+        self.submit(Op::Write, offset, len, flags, Some(data))
+            .await
+            .map(drop)
+    }
+
+    /// Makes every write acknowledged so far stable.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::submit`].
+    pub async fn flush(&self) -> Result<(), IoError> {
+        self.submit(Op::Flush, 0, 0, CmdFlags(0), None).await.map(drop)
+    }
+
+    /// Zeroes a range (`trim` lets the target punch a hole instead).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::submit`]; ENOTSUP when the target cannot write zeroes.
+    pub async fn write_zeroes(&self, offset: u64, len: u64, trim: bool) -> Result<(), IoError> {
+        if !self.info.flags.has(TransmissionFlags::SEND_WRITE_ZEROES) {
+            return Err(IoError::Target {
+                errno: Errno::NotSup,
+                message: "the target does not support WRITE_ZEROES".into(),
+            });
+        }
+        let flags = CmdFlags(if trim { 0 } else { CmdFlags::NO_HOLE });
+        self.submit(Op::WriteZeroes, offset, len, flags, None)
+            .await
+            .map(drop)
+    }
+
+    /// Allocation of a range (`base:allocation`), from `offset` on.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::submit`].
+    pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
+        let done = self.submit(Op::BlockStatus, offset, len, CmdFlags(0), None).await?;
+        Ok(done.status.into_iter().flat_map(|s| s.extents).collect())
+    }
+
+    /// Switches policy on the live volume.
+    ///
+    /// # Errors
+    ///
+    /// [`UnknownPolicy`] for a name that is not a policy.
+    pub fn set_policy(&self, name: &str, opts: &PolicyOptions) -> Result<(), UnknownPolicy> {
+        let policy = by_name(name, opts)?;
+        self.shared.lock().engine.set_policy(policy);
+        Ok(())
+    }
+
+    /// Takes path `index` (1-based) out of use, or back into use.
+    ///
+    /// # Errors
+    ///
+    /// No such path.
+    pub fn set_path_enabled(&self, index: usize, enabled: bool) -> Result<(), String> {
+        let mut core = self.shared.lock();
+        if index == 0 || index > core.engine.path_count() {
+            return Err(format!(
+                "no path {index}: the volume has paths 1 to {}",
+                core.engine.path_count()
+            ));
+        }
+        let now = self.shared.now();
+        core.engine.set_enabled(now, PathId(index - 1), enabled);
+        core.act(&self.shared);
+        Ok(())
+    }
+
+    /// Every path's figures now.
+    pub fn report(&self) -> VolumeReport {
+        let core = self.shared.lock();
+        let now = self.shared.now();
+        let paths = (0..core.engine.path_count())
+            .map(|i| {
+                let spec = &core.paths[i].spec;
+                PathFigures {
+                    index: i + 1,
+                    local: spec.local.to_string(),
+                    portal: spec.portal.to_string(),
+                    figures: core.engine.path_report(PathId(i), now),
+                }
+            })
+            .collect();
+        VolumeReport {
+            policy: core.engine.policy_name().to_owned(),
+            paths,
+            uptime: now,
+        }
+    }
+
+    /// Disconnects every connection cleanly (NBD_CMD_DISC), bounded in time.
+    pub async fn close(&self) {
+        if let Some(t) = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
+        }
+        let handles: Vec<_> = {
+            let mut core = self.shared.lock();
+            core.paths
+                .iter_mut()
+                .flat_map(|p| {
+                    p.generation += 1;
+                    p.conns.drain(..).flatten().collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        for h in &handles {
+            h.disconnect();
+        }
+        for h in handles {
+            h.finish(Duration::from_secs(2)).await;
+        }
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            t.abort();
+        }
+        let mut core = self.shared.lock();
+        for p in core.paths.iter_mut() {
+            p.generation += 1;
+            p.conns.clear();
+        }
+    }
+}
+
+async fn tick(shared: std::sync::Weak<Shared>) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let mut core = shared.lock();
+        let now = shared.now();
+        core.engine.tick(now);
+        core.act(&shared);
+    }
+}
+
+/// Runs futures concurrently and collects their results in order.
+async fn futures_join<F, T>(futs: impl Iterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<JoinHandle<T>> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        match h.await {
+            Ok(v) => out.push(v),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    out
+}

@@ -1,0 +1,141 @@
+//! Background recovery: reconnecting failed paths (with the identity
+//! checked again and a probe before they rejoin) and fencing a failed
+//! path's connections on the target before its writes are re-sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_proto::braid_ns::BraidContext;
+use braid_proto::{ClientConfig, Finish};
+use tracing::{debug, info};
+
+use crate::conn::{self, ConnectError};
+use crate::discover;
+use crate::engine::PathId;
+
+use super::core::{ConnSink, Shared};
+
+/// Waits `after`, then tries to bring `path` back.
+pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration) {
+    tokio::time::sleep(after).await;
+    let spec = {
+        let core = shared.lock();
+        core.paths[path.0].spec.clone()
+    };
+    let result = open_conns(&shared, path, &spec).await;
+    let mut core = shared.lock();
+    core.paths[path.0].reconnecting = false;
+    match result {
+        Ok(()) => {}
+        Err(e) => {
+            debug!(path = path.0 + 1, "reconnect failed: {e}");
+            core.engine.reconnect_failed(path);
+        }
+    }
+    core.act(&shared);
+}
+
+/// Connects every connection of a path, probes one, and hands them to the
+/// engine. Also used at open.
+pub(crate) async fn open_conns(
+    shared: &Arc<Shared>,
+    path: PathId,
+    spec: &discover::PathSpec,
+) -> Result<(), ConnectError> {
+    let settings = &shared.settings;
+    let mut conns = Vec::new();
+    for _ in 0..settings.connections_per_path {
+        let c = discover::connect_path(spec, &settings.expect, settings.connect_timeout).await?;
+        conns.push(c);
+    }
+    if let Some(first) = conns.first_mut() {
+        conn::probe(&mut first.negotiated, settings.probe_len, settings.connect_timeout).await?;
+    }
+    let mut core = shared.lock();
+    let generation = core.paths[path.0].generation + 1;
+    let mut handles = Vec::new();
+    let mut ids = Vec::new();
+    let mut allocation = Vec::new();
+    for c in conns {
+        let sink = Arc::new(ConnSink {
+            shared: Arc::downgrade(shared),
+            path,
+            generation,
+            allocation: c.allocation,
+        });
+        ids.push(c.server_id);
+        allocation.push(c.allocation);
+        handles.push(Some(conn::start(c.negotiated, settings.max_payload, sink)));
+    }
+    let p = &mut core.paths[path.0];
+    p.generation = generation;
+    p.conns = handles;
+    p.allocation = allocation;
+    let fencing = settings.fencing && ids.iter().all(Option::is_some);
+    let now = shared.now();
+    core.engine.path_up(now, path, ids, fencing);
+    core.act(shared);
+    Ok(())
+}
+
+/// Asks the target to fence `conns` (a failed path's connections), over a
+/// fresh connection on any path, until it succeeds or the engine stops
+/// waiting for it.
+pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
+    let query = BraidContext::Fence(conns.clone()).name();
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let candidates = {
+            let core = shared.lock();
+            if !core.engine.fence_pending(path) {
+                return;
+            }
+            // Paths that work now first; the failed one last.
+            let mut v: Vec<(bool, discover::PathSpec)> = core
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let usable = core.engine.path_usable(PathId(i));
+                    (usable, p.spec.clone())
+                })
+                .collect();
+            v.sort_by_key(|(usable, _)| !usable);
+            v
+        };
+        for (_, spec) in candidates {
+            match fence_via(&shared, &spec, &query).await {
+                Ok(()) => {
+                    info!(path = path.0 + 1, ?conns, via = %spec, "target fenced the failed connections");
+                    let mut core = shared.lock();
+                    core.engine.fence_done(shared.now(), path);
+                    core.act(&shared);
+                    return;
+                }
+                Err(e) => debug!(via = %spec, "fence attempt failed: {e}"),
+            }
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn fence_via(shared: &Arc<Shared>, spec: &discover::PathSpec, query: &str) -> Result<(), ConnectError> {
+    let timeout = shared.settings.connect_timeout;
+    let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
+    let cfg = ClientConfig {
+        list_queries: vec![query.to_owned()],
+        finish: Finish::Abort,
+        ..ClientConfig::go(shared.settings.expect.export.clone())
+    };
+    // The target answers only once the fence is complete: allow it time.
+    let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6).await?;
+    if n.outcome.listed.iter().any(|l| l == query) {
+        Ok(())
+    } else {
+        Err(ConnectError::Other(format!(
+            "{}: the target did not confirm the fence",
+            spec.portal
+        )))
+    }
+}
