@@ -16,9 +16,12 @@ pub fn init(verbose: u8, quiet: u8, quiet_target: bool) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new(format!(
-            "{level},braid={level},braid_target={level},braid_initiator={level}"
-        ))
+        let target = if quiet_target && verbose == 0 {
+            "warn"
+        } else {
+            level
+        };
+        EnvFilter::new(format!("{level},braid_target={target}"))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
