@@ -23,7 +23,7 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 
 /// The workload kinds, as fio names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rw {
+pub enum Workload {
     Read,
     Write,
     RandRead,
@@ -31,7 +31,7 @@ pub enum Rw {
     RandRw,
 }
 
-impl std::str::FromStr for Rw {
+impl std::str::FromStr for Workload {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
@@ -49,7 +49,7 @@ impl std::str::FromStr for Rw {
     }
 }
 
-impl Rw {
+impl Workload {
     fn random(self) -> bool {
         matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
     }
@@ -67,7 +67,7 @@ impl Rw {
 /// A checked bench run.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    pub rw: Rw,
+    pub rw: Workload,
     pub bs: u64,
     pub depth: usize,
     pub time: Duration,
@@ -91,7 +91,7 @@ pub struct Outcome {
 }
 
 pub fn plan(args: &BenchArgs) -> Result<Plan> {
-    let rw: Rw = args.rw.parse().map_err(usage)?;
+    let rw: Workload = args.rw.parse().map_err(usage)?;
     let bs = parse_size(&args.bs).map_err(|e| usage(format!("--bs {:?}: {e}", args.bs)))?;
     if bs == 0 || bs > 32 << 20 {
         return Err(usage("--bs must be between 1 byte and 32 MiB"));
@@ -162,7 +162,7 @@ pub async fn execute(vol: &Arc<Volume>, p: &Plan) -> Result<Outcome> {
     let blocks = span / p.bs;
     let seed: u64 = rand::random();
     let pattern = Pattern::new(seed, p.bs as usize);
-    let reads_only = matches!(p.rw, Rw::Read | Rw::RandRead);
+    let reads_only = matches!(p.rw, Workload::Read | Workload::RandRead);
     if p.verify && reads_only {
         fill(vol, &pattern, blocks, p.bs, p.depth).await?;
     }
@@ -250,9 +250,9 @@ async fn worker(
             run.next.fetch_add(1, Ordering::Relaxed) % blocks
         };
         let is_read = match p.rw {
-            Rw::Read | Rw::RandRead => true,
-            Rw::Write | Rw::RandWrite => false,
-            Rw::RandRw => rng.gen_range(0..100) < u32::from(p.read_pct),
+            Workload::Read | Workload::RandRead => true,
+            Workload::Write | Workload::RandWrite => false,
+            Workload::RandRw => rng.gen_range(0..100) < u32::from(p.read_pct),
         };
         let offset = block * p.bs;
         let t = Instant::now();

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::bench::{self, Plan, Rw};
+use crate::bench::{self, Plan, Workload};
 use crate::cli::{DemoArgs, UsageError};
 use crate::multipath;
 use crate::side::concat;
@@ -115,7 +115,7 @@ async fn steps(vol: &Arc<Volume>, size: u64, step: Duration) -> Result<()> {
     }
     println!("  verified: sha256 {want} matches");
 
-    for (rw, bs, depth) in [(Rw::Read, 1 << 20, 4), (Rw::RandRw, 4096, 16)] {
+    for (rw, bs, depth) in [(Workload::Read, 1 << 20, 4), (Workload::RandRw, 4096, 16)] {
         let plan = Plan {
             rw,
             bs,

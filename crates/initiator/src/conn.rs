@@ -9,7 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_proto::reply::{BlockStatus, ChunkHeader, ErrorChunk, OffsetData, OffsetHole, ReplyHeader};
+use braid_proto::reply::{
+    BlockStatus, ChunkHeader, ErrorChunk, OffsetData, OffsetHole, ReplyHeader,
+};
 use braid_proto::wire::{chunk_type, REQUEST_HEADER_LEN};
 use braid_proto::{
     ClientConfig, ClientEvent, ClientHandshake, ClientOutcome, CmdFlags, Command, Cookie, Errno,
@@ -162,16 +164,21 @@ pub async fn negotiate(
         let mut hs = ClientHandshake::new(cfg);
         let mut buf = BytesMut::with_capacity(4096);
         loop {
-            let event = hs.handle_input(&mut buf).map_err(|source| ConnectError::Handshake {
-                endpoint: endpoint.to_owned(),
-                source,
-            })?;
-            let out = hs.take_output();
-            if !out.is_empty() {
-                stream.write_all(&out).await.map_err(|source| ConnectError::Io {
+            let event = hs
+                .handle_input(&mut buf)
+                .map_err(|source| ConnectError::Handshake {
                     endpoint: endpoint.to_owned(),
                     source,
                 })?;
+            let out = hs.take_output();
+            if !out.is_empty() {
+                stream
+                    .write_all(&out)
+                    .await
+                    .map_err(|source| ConnectError::Io {
+                        endpoint: endpoint.to_owned(),
+                        source,
+                    })?;
                 stream.flush().await.map_err(|source| ConnectError::Io {
                     endpoint: endpoint.to_owned(),
                     source,
@@ -182,10 +189,13 @@ pub async fn negotiate(
                     return Ok((*outcome, buf));
                 }
                 ClientEvent::NeedInput => {
-                    let n = stream.read_buf(&mut buf).await.map_err(|source| ConnectError::Io {
-                        endpoint: endpoint.to_owned(),
-                        source,
-                    })?;
+                    let n = stream
+                        .read_buf(&mut buf)
+                        .await
+                        .map_err(|source| ConnectError::Io {
+                            endpoint: endpoint.to_owned(),
+                            source,
+                        })?;
                     if n == 0 {
                         return match hs.eof() {
                             Some(outcome) => Ok((outcome, buf)),
@@ -239,7 +249,10 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
         result: std::sync::Mutex::new(None),
     };
     let run = async {
-        n.stream.write_all(&header).await.map_err(|e| e.to_string())?;
+        n.stream
+            .write_all(&header)
+            .await
+            .map_err(|e| e.to_string())?;
         n.stream.flush().await.map_err(|e| e.to_string())?;
         let mut prefix = std::io::Cursor::new(std::mem::take(&mut n.leftover));
         let mut errors = Default::default();
@@ -276,7 +289,8 @@ impl Sink for ProbeSink {
     fn extents(&self, _: Cookie, _: BlockStatus) {}
     fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
         if cookie == PROBE_COOKIE {
-            *self.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(error.map_or(Ok(()), Err));
+            *self.result.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(error.map_or(Ok(()), Err));
         }
     }
     fn lost(&self, _: String) {}
@@ -412,7 +426,12 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(rd: R, leftover: BytesMut, max_payload: u32, sink: Arc<dyn Sink>) {
+async fn read_loop<R: AsyncRead + Unpin>(
+    rd: R,
+    leftover: BytesMut,
+    max_payload: u32,
+    sink: Arc<dyn Sink>,
+) {
     // Bytes read past the handshake come first.
     let prefix = std::io::Cursor::new(leftover.freeze());
     let mut rd = BufReader::with_capacity(256 * 1024, prefix.chain(rd));

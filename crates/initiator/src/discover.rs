@@ -232,7 +232,11 @@ pub struct PathConn {
 /// # Errors
 ///
 /// Unreachable, refused, or a different volume (both identities named).
-pub async fn connect_path(path: &PathSpec, expect: &Expect, timeout: Duration) -> Result<PathConn, ConnectError> {
+pub async fn connect_path(
+    path: &PathSpec,
+    expect: &Expect,
+    timeout: Duration,
+) -> Result<PathConn, ConnectError> {
     let stream = conn::dial(&path.portal, &path.local, timeout).await?;
     let cfg = ClientConfig {
         list_queries: vec!["x-braid:conn".into(), "x-braid:volume".into()],
@@ -316,7 +320,9 @@ mod tests {
         let p = pair(&locals, &portals);
         assert_eq!(p.len(), 2);
         for path in &p {
-            let Endpoint::Tcp(sa) = path.portal else { panic!() };
+            let Endpoint::Tcp(sa) = path.portal else {
+                panic!()
+            };
             let l = path.local.addr.unwrap().to_string();
             let want = if sa.ip().to_string() == "10.0.1.1" {
                 "10.0.1.2"
@@ -343,7 +349,10 @@ mod tests {
             "10.0.0.2".parse::<LocalSpec>().unwrap(),
             LocalSpec::Addr("10.0.0.2".parse().unwrap())
         );
-        assert_eq!("eth1".parse::<LocalSpec>().unwrap(), LocalSpec::Iface("eth1".into()));
+        assert_eq!(
+            "eth1".parse::<LocalSpec>().unwrap(),
+            LocalSpec::Iface("eth1".into())
+        );
         assert!("a/b".parse::<LocalSpec>().is_err());
         assert!(resolve_locals(&[LocalSpec::Iface("nosuch9".into())]).is_err());
         let lo = resolve_locals(&[LocalSpec::Iface("lo".into())]).unwrap();

@@ -127,7 +127,10 @@ mod tests {
     #[test]
     fn tcp_uris() {
         let u: NbdUri = "nbd://127.0.0.1:10810/vol".parse().unwrap();
-        assert_eq!(u.endpoint, Endpoint::Tcp("127.0.0.1:10810".parse().unwrap()));
+        assert_eq!(
+            u.endpoint,
+            Endpoint::Tcp("127.0.0.1:10810".parse().unwrap())
+        );
         assert_eq!(u.export, "vol");
         assert!(!u.tls);
         let u: NbdUri = "nbds://[::1]/a%20b".parse().unwrap();
@@ -140,7 +143,9 @@ mod tests {
 
     #[test]
     fn unix_uris() {
-        let u: NbdUri = "nbd+unix:///vol?socket=/run/braid/vol.sock".parse().unwrap();
+        let u: NbdUri = "nbd+unix:///vol?socket=/run/braid/vol.sock"
+            .parse()
+            .unwrap();
         assert_eq!(u.endpoint, Endpoint::Unix("/run/braid/vol.sock".into()));
         assert_eq!(u.export, "vol");
         assert!("nbd+unix:///vol".parse::<NbdUri>().is_err());

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::conn::{ConnHandle, Sink};
 use crate::discover::PathSpec;
-use crate::engine::{Action, Engine, Event, IoError, Op, PathId, ReqId};
+use crate::engine::{Action, ChunkInfo, Engine, Event, IoError, Op, PathId, ReqId};
 
 use super::recover;
 
@@ -119,7 +119,8 @@ impl Core {
                     // Chunks of the closed connections were moved by the
                     // engine; forget what arrived for them.
                     let engine = &self.engine;
-                    self.received.retain(|k, _| engine.chunk(Cookie(*k)).is_some());
+                    self.received
+                        .retain(|k, _| engine.chunk(Cookie(*k)).is_some());
                 }
                 Action::Fence { path, conns } => {
                     tokio::spawn(recover::fence(shared.clone(), path, conns));
@@ -179,7 +180,11 @@ impl Core {
                     format!("; {}", parts.join(", "))
                 };
                 warn!("{} failed: {reason}{tail}", name(&self.paths, path));
-                if held == 0 && !self.warned_no_fencing && !resent.is_empty() && !self.engine_fences(path) {
+                if held == 0
+                    && !self.warned_no_fencing
+                    && !resent.is_empty()
+                    && !self.engine_fences(path)
+                {
                     self.warned_no_fencing = true;
                     warn!(
                         "the target does not fence (x-braid:fence): writes of a failed path are \
@@ -190,7 +195,10 @@ impl Core {
             }
             Event::Fenced { path, resent } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
-                info!("{} fenced by the target; {n} writes re-sent", name(&self.paths, path));
+                info!(
+                    "{} fenced by the target; {n} writes re-sent",
+                    name(&self.paths, path)
+                );
             }
             Event::PathRestored { path } => {
                 info!("{} restored", name(&self.paths, path));
@@ -214,7 +222,9 @@ fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
         if *off != at {
             return Err(IoError::Target {
                 errno: Errno::Io,
-                message: format!("server left bytes {at}..{off} of the read unanswered or answered twice"),
+                message: format!(
+                    "server left bytes {at}..{off} of the read unanswered or answered twice"
+                ),
             });
         }
         at += b.len() as u64;
@@ -226,6 +236,19 @@ fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
         });
     }
     Ok(done)
+}
+
+/// Where READ data that a reply puts at absolute `offset` (or, for a simple
+/// reply, at the chunk's start) lands within the caller's request; `None`
+/// if it does not lie inside the chunk.
+pub(crate) fn place_in_request(info: &ChunkInfo, offset: Option<u64>, len: u64) -> Option<u64> {
+    if info.op != Op::Read {
+        return None;
+    }
+    let start = offset.unwrap_or(info.offset);
+    let end = start.checked_add(len)?;
+    (start >= info.offset && end <= info.offset + u64::from(info.len))
+        .then(|| info.req_offset + (start - info.offset))
 }
 
 /// The engine's view of one connection's replies.
@@ -255,21 +278,16 @@ impl ConnSink {
             let Some(req) = info.req else {
                 return; // a probe's data is not needed
             };
-            let start = offset.unwrap_or(info.offset);
-            let end = start + data.len() as u64;
-            let inside = start >= info.offset && end <= info.offset + u64::from(info.len);
             let Some(p) = core.reqs.get_mut(&req.0) else {
                 return;
             };
-            if !inside || info.op != Op::Read {
-                // Untrusted offsets: a reply outside its request is refused
-                // by leaving the read short, which fails it.
+            // Untrusted offsets: data outside its chunk is refused by
+            // leaving the read short, which fails it.
+            let Some(at) = place_in_request(&info, offset, data.len() as u64) else {
                 return;
-            }
+            };
             *core.received.entry(cookie.0).or_default() += data.len() as u64;
-            p.done
-                .data
-                .push((info.req_offset + (start - info.offset), data));
+            p.done.data.push((at, data));
         });
     }
 }
@@ -316,7 +334,9 @@ impl Sink for ConnSink {
             let received = core.received.remove(&cookie.0).unwrap_or(0);
             let outcome = match (error, core.engine.chunk(cookie)) {
                 (Some(e), _) => Err(e),
-                (None, Some(c)) if c.op == Op::Read && c.req.is_some() && received != u64::from(c.len) => {
+                (None, Some(c))
+                    if c.op == Op::Read && c.req.is_some() && received != u64::from(c.len) =>
+                {
                     Err((
                         Errno::Io,
                         format!("server answered {received} of {} bytes", c.len),
@@ -377,4 +397,122 @@ pub(crate) async fn submit(
             message: "the volume was closed".into(),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineConfig, PathConfig, Submit};
+    use braid_policy::{by_name, PolicyOptions, SplitRules, NAMES};
+    use proptest::prelude::*;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+
+    /// The byte the fake target holds at `offset`.
+    fn byte_at(offset: u64) -> u8 {
+        (offset.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn split_then_reassemble_returns_the_callers_bytes(
+            align_shift in 0u32..13,
+            offset_blocks in 0u64..5000,
+            len_blocks in 1u64..3000,
+            chunk_blocks in 1u64..600,
+            paths in 1usize..6,
+            policy in 0usize..9,
+            seed: u64,
+        ) {
+            let align = 1u64 << align_shift;
+            let offset = offset_blocks * align;
+            let len = (len_blocks * align).min(64 << 20);
+            let mut engine = Engine::new(
+                EngineConfig {
+                    split: SplitRules { align, chunk: chunk_blocks * align, max: (8 << 20) / align * align },
+                    size: 1 << 40,
+                    ..EngineConfig::default()
+                },
+                by_name(NAMES[policy], &PolicyOptions::default()).unwrap(),
+            );
+            for i in 0..paths {
+                let p = engine.add_path(PathConfig::default(), Duration::ZERO);
+                engine.path_up(Duration::ZERO, p, vec![Some(i as u64)], true);
+            }
+            while engine.poll_action().is_some() {}
+            let id = engine.submit(Duration::ZERO, Submit { op: Op::Read, offset, len, flags: CmdFlags(0) });
+            let mut sends = Vec::new();
+            while let Some(a) = engine.poll_action() {
+                if let Action::Send(s) = a { sends.push(s) }
+            }
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            sends.shuffle(&mut rng);
+            let mut done = Done::default();
+            let mut result = None;
+            for s in sends {
+                let info = engine.chunk(s.cookie).unwrap();
+                // The target may answer in several data chunks, any order.
+                let cut = if s.len > 1 { rng.gen_range(0..s.len) } else { 0 };
+                let mut parts = vec![(s.offset, cut), (s.offset + u64::from(cut), s.len - cut)];
+                parts.retain(|(_, n)| *n > 0);
+                parts.shuffle(&mut rng);
+                for (at, n) in parts {
+                    let bytes: Vec<u8> = (at..at + u64::from(n)).map(byte_at).collect();
+                    let dest = place_in_request(&info, Some(at), u64::from(n)).unwrap();
+                    done.data.push((dest, Bytes::from(bytes)));
+                }
+                engine.reply(Duration::ZERO, s.cookie, Ok(()));
+                while let Some(a) = engine.poll_action() {
+                    if let Action::Complete { req, result: r } = a {
+                        prop_assert_eq!(req, id);
+                        result = Some(r);
+                    }
+                }
+            }
+            prop_assert_eq!(result, Some(Ok(())));
+            let got = assemble(done, len).unwrap();
+            let flat: Vec<u8> = got.data.iter().flat_map(|(_, b)| b.iter().copied()).collect();
+            let want: Vec<u8> = (offset..offset + len).map(byte_at).collect();
+            prop_assert!(flat == want, "reassembled bytes differ");
+        }
+    }
+
+    #[test]
+    fn data_outside_its_chunk_is_refused() {
+        let info = ChunkInfo {
+            path: PathId(0),
+            op: Op::Read,
+            len: 100,
+            offset: 1000,
+            req: Some(ReqId(1)),
+            req_offset: 50,
+        };
+        assert_eq!(place_in_request(&info, Some(1000), 100), Some(50));
+        assert_eq!(place_in_request(&info, Some(1010), 10), Some(60));
+        assert_eq!(place_in_request(&info, None, 100), Some(50));
+        assert_eq!(place_in_request(&info, Some(999), 10), None);
+        assert_eq!(place_in_request(&info, Some(1095), 10), None);
+        assert_eq!(place_in_request(&info, Some(u64::MAX), 10), None);
+    }
+
+    #[test]
+    fn gaps_and_overlaps_fail_the_read() {
+        let d = Done {
+            data: vec![
+                (0, Bytes::from_static(b"ab")),
+                (3, Bytes::from_static(b"d")),
+            ],
+            status: vec![],
+        };
+        assert!(assemble(d, 4).is_err());
+        let d = Done {
+            data: vec![
+                (0, Bytes::from_static(b"ab")),
+                (1, Bytes::from_static(b"bc")),
+            ],
+            status: vec![],
+        };
+        assert!(assemble(d, 3).is_err());
+    }
 }

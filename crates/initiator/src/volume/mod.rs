@@ -277,7 +277,11 @@ impl Volume {
             if e.to_string().contains("not the same volume") {
                 return Err(OpenError::Usage(e.to_string()));
             }
-            warn!("path {} ({}) did not open: {e}; retrying in the background", i + 1, specs[*i]);
+            warn!(
+                "path {} ({}) did not open: {e}; retrying in the background",
+                i + 1,
+                specs[*i]
+            );
             let mut core = shared.lock();
             core.engine.reconnect_failed(PathId(*i));
             core.act(&shared);
@@ -332,7 +336,10 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<(u64, Bytes)>, IoError> {
-        Ok(self.submit(Op::Read, offset, len, CmdFlags(0), None).await?.data)
+        Ok(self
+            .submit(Op::Read, offset, len, CmdFlags(0), None)
+            .await?
+            .data)
     }
 
     /// Writes `data` at `offset`; with `fua`, stable before it returns.
@@ -354,7 +361,9 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn flush(&self) -> Result<(), IoError> {
-        self.submit(Op::Flush, 0, 0, CmdFlags(0), None).await.map(drop)
+        self.submit(Op::Flush, 0, 0, CmdFlags(0), None)
+            .await
+            .map(drop)
     }
 
     /// Zeroes a range (`trim` lets the target punch a hole instead).
@@ -381,7 +390,9 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
-        let done = self.submit(Op::BlockStatus, offset, len, CmdFlags(0), None).await?;
+        let done = self
+            .submit(Op::BlockStatus, offset, len, CmdFlags(0), None)
+            .await?;
         Ok(done.status.into_iter().flat_map(|s| s.extents).collect())
     }
 

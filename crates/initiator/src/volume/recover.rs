@@ -49,7 +49,12 @@ pub(crate) async fn open_conns(
         conns.push(c);
     }
     if let Some(first) = conns.first_mut() {
-        conn::probe(&mut first.negotiated, settings.probe_len, settings.connect_timeout).await?;
+        conn::probe(
+            &mut first.negotiated,
+            settings.probe_len,
+            settings.connect_timeout,
+        )
+        .await?;
     }
     let mut core = shared.lock();
     let generation = core.paths[path.0].generation + 1;
@@ -120,7 +125,11 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
     }
 }
 
-async fn fence_via(shared: &Arc<Shared>, spec: &discover::PathSpec, query: &str) -> Result<(), ConnectError> {
+async fn fence_via(
+    shared: &Arc<Shared>,
+    spec: &discover::PathSpec,
+    query: &str,
+) -> Result<(), ConnectError> {
     let timeout = shared.settings.connect_timeout;
     let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
     let cfg = ClientConfig {
