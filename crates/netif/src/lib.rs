@@ -25,7 +25,9 @@ impl IfaceAddr {
         };
         match (self.ip, other) {
             (IpAddr::V4(a), IpAddr::V4(b)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(prefix.min(32)))
+                    .unwrap_or(0);
                 u32::from(a) & mask == u32::from(b) & mask
             }
             (IpAddr::V6(a), IpAddr::V6(b)) => {
@@ -100,7 +102,9 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
     match i32::from((*sa).sa_family) {
         libc::AF_INET => {
             let sin = &*(sa as *const libc::sockaddr_in);
-            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+            Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                sin.sin_addr.s_addr,
+            ))))
         }
         libc::AF_INET6 => {
             let sin6 = &*(sa as *const libc::sockaddr_in6);
@@ -139,7 +143,10 @@ mod tests {
         assert!(a.same_subnet("10.77.1.1".parse().unwrap()));
         assert!(!a.same_subnet("10.77.2.1".parse().unwrap()));
         assert!(!a.same_subnet("::1".parse().unwrap()));
-        let z = IfaceAddr { prefix: Some(0), ..a };
+        let z = IfaceAddr {
+            prefix: Some(0),
+            ..a
+        };
         assert!(z.same_subnet("1.2.3.4".parse().unwrap()));
     }
 }

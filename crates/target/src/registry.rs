@@ -40,6 +40,9 @@ pub struct Conn {
     inflight: AtomicUsize,
     drained: Notify,
     tasks: Mutex<Vec<AbortHandle>>,
+    /// Test hook: requests wait before reaching the backend while set.
+    held: AtomicBool,
+    hold_changed: Notify,
 }
 
 impl Conn {
@@ -47,6 +50,22 @@ impl Conn {
     /// are dropped instead of executed.
     pub fn fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Whether requests are being held before the backend (test hook).
+    pub fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Waits while the connection is held; returns early if it is fenced.
+    pub async fn wait_unheld(&self) {
+        loop {
+            let changed = self.hold_changed.notified();
+            if !self.held() || self.fenced() {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Requests received and not yet finished with the backend.
@@ -115,6 +134,8 @@ impl Registry {
             inflight: AtomicUsize::new(0),
             drained: Notify::new(),
             tasks: Mutex::new(Vec::new()),
+            held: AtomicBool::new(false),
+            hold_changed: Notify::new(),
         });
         self.lock().insert(id, conn.clone());
         conn
@@ -141,6 +162,8 @@ impl Registry {
         };
         for conn in &targets {
             conn.fenced.store(true, Ordering::Release);
+            // Held requests have not started: they are dropped now.
+            conn.hold_changed.notify_waiters();
             let tasks = std::mem::take(&mut *conn.tasks.lock().unwrap_or_else(|p| p.into_inner()));
             for t in tasks {
                 t.abort();
@@ -148,6 +171,26 @@ impl Registry {
         }
         for conn in &targets {
             conn.drain().await;
+        }
+    }
+
+    /// Test hook: holds every request of connection `id` before it reaches
+    /// the backend, as a stuck disk or a slow server would, until
+    /// [`Self::release`] or a fence. Returns whether the connection exists.
+    pub fn hold(&self, id: u64) -> bool {
+        let Some(conn) = self.lock().get(&id).cloned() else {
+            return false;
+        };
+        conn.held.store(true, Ordering::Release);
+        true
+    }
+
+    /// Lets held requests of connection `id` go on to the backend (unless
+    /// a fence dropped them meanwhile).
+    pub fn release(&self, id: u64) {
+        if let Some(conn) = self.lock().get(&id).cloned() {
+            conn.held.store(false, Ordering::Release);
+            conn.hold_changed.notify_waiters();
         }
     }
 
@@ -183,6 +226,27 @@ mod tests {
             .await
             .expect("fence finished")
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn fence_wakes_held_requests_so_they_are_dropped() {
+        let reg = Arc::new(Registry::new());
+        let conn = reg.add("p".into(), "q".into());
+        assert!(reg.hold(conn.id));
+        conn.begin();
+        let c2 = conn.clone();
+        let held = tokio::spawn(async move {
+            c2.wait_unheld().await;
+            let dropped = c2.fenced();
+            c2.end();
+            dropped
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!held.is_finished());
+        tokio::time::timeout(Duration::from_secs(5), reg.fence(&[conn.id]))
+            .await
+            .expect("fence does not wait for a held request");
+        assert!(held.await.unwrap(), "held request ran after its fence");
     }
 
     #[tokio::test]

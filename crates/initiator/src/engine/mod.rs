@@ -217,6 +217,11 @@ impl Default for EngineConfig {
     }
 }
 
+/// Bytes per second assumed of a path before any is measured (100 Mbit/s):
+/// slow enough not to fail a sound link early, fast enough to notice a dead
+/// one in about a second.
+const UNMEASURED_THROUGHPUT: f64 = 12.5e6;
+
 /// Non-data requests are cut into pieces no larger than this.
 const NONDATA_PIECE: u64 = 1 << 30;
 
@@ -648,6 +653,17 @@ impl Engine {
     /// Time passes: detects paths that stopped answering, probes idle
     /// ones, and fails requests that waited past the no-path timeout.
     pub fn tick(&mut self, now: Duration) {
+        let measured: Vec<f64> = self
+            .paths
+            .iter()
+            .filter_map(|p| p.throughput.get())
+            .filter(|t| *t > 0.0)
+            .collect();
+        let fallback = if measured.is_empty() {
+            UNMEASURED_THROUGHPUT
+        } else {
+            measured.iter().sum::<f64>() / measured.len() as f64
+        };
         for i in 0..self.paths.len() {
             let p = &self.paths[i];
             if p.state != PathState::Active {
@@ -662,8 +678,12 @@ impl Engine {
                     .map(|c| c.bytes)
                     .max()
                     .unwrap_or(0);
-                let limit =
-                    p.reply_timeout(largest, self.cfg.timeout_floor, self.cfg.timeout_ceiling);
+                let limit = p.reply_timeout(
+                    largest,
+                    fallback,
+                    self.cfg.timeout_floor,
+                    self.cfg.timeout_ceiling,
+                );
                 let silent = now.saturating_sub(p.last_progress);
                 if silent > limit {
                     let reason = format!("no reply in {:.1} s", silent.as_secs_f64());

@@ -238,18 +238,21 @@ impl Path {
     /// How long the path may go without a reply while busy before it is
     /// declared failed: a few times the expected gap between replies (base
     /// latency plus the largest chunk's transfer), kept within the user's
-    /// floor and ceiling.
+    /// floor and ceiling. An unmeasured path is assumed to move `fallback`
+    /// bytes per second (the other paths' mean, or a cautious guess).
     pub fn reply_timeout(
         &self,
         largest_inflight: u64,
+        fallback: f64,
         floor: Duration,
         ceiling: Duration,
     ) -> Duration {
-        let expected = match self.throughput.get().filter(|t| *t > 0.0) {
-            Some(t) => self.latency.or_zero() + largest_inflight as f64 / t,
-            // Unmeasured: be patient rather than fail a slow but sound link.
-            None => ceiling.as_secs_f64() / 4.0,
-        };
+        let tput = self
+            .throughput
+            .get()
+            .filter(|t| *t > 0.0)
+            .unwrap_or(fallback.max(1.0));
+        let expected = self.latency.or_zero() + largest_inflight as f64 / tput;
         Duration::from_secs_f64((expected * 4.0).clamp(floor.as_secs_f64(), ceiling.as_secs_f64()))
     }
 

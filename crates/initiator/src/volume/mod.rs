@@ -53,6 +53,11 @@ pub struct VolumeConfig {
     /// Chunk size for splitting large requests (policies other than
     /// `adaptive`, which sizes chunks itself).
     pub chunk: Option<u64>,
+    /// Re-send a failed path's writes without asking the target to fence
+    /// its connections first. Unsafe: a write still queued on the target
+    /// can land after its re-sent copy and a newer write. For tests that
+    /// show why fencing exists.
+    pub danger_no_fence: bool,
 }
 
 impl VolumeConfig {
@@ -70,6 +75,7 @@ impl VolumeConfig {
             no_path_timeout: engine.no_path_timeout,
             connect_timeout: Duration::from_secs(5),
             chunk: None,
+            danger_no_fence: false,
         }
     }
 }
@@ -240,7 +246,7 @@ impl Volume {
             connect_timeout: cfg.connect_timeout,
             probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
             max_payload: export.max_payload,
-            fencing: d.braid,
+            fencing: d.braid && !cfg.danger_no_fence,
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {

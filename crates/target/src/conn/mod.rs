@@ -362,12 +362,43 @@ impl Reader {
         payload: Option<Vec<u8>>,
         permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
     ) {
+        let conn = &self.conn;
+        conn.begin();
+        if conn.held() {
+            // Test hook (Registry::hold): wait off the reader, then run.
+            let blocking = self.export.backend.blocking();
+            let held = conn.clone();
+            let job = self.job(req, payload, permits);
+            tokio::spawn(async move {
+                held.wait_unheld().await;
+                if blocking {
+                    tokio::task::spawn_blocking(job);
+                } else {
+                    job();
+                }
+            });
+            return;
+        }
+        let job = self.job(req, payload, permits);
+        if self.export.backend.blocking() {
+            tokio::task::spawn_blocking(job);
+        } else {
+            job();
+        }
+    }
+
+    /// The work of one request: run it unless fenced, send the reply.
+    fn job(
+        &self,
+        req: Request,
+        payload: Option<Vec<u8>>,
+        permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    ) -> impl FnOnce() + Send + 'static {
         let conn = self.conn.clone();
         let export = self.export.clone();
         let style = self.style.clone();
         let tx = self.tx.clone();
-        conn.begin();
-        let job = move || {
+        move || {
             // A fence that arrived before this request started drops it.
             if !conn.fenced() {
                 let reply = execute::execute(export.backend.as_ref(), &style, &req, payload);
@@ -378,11 +409,6 @@ impl Reader {
                 });
             }
             conn.end();
-        };
-        if self.export.backend.blocking() {
-            tokio::task::spawn_blocking(job);
-        } else {
-            job();
         }
     }
 }
