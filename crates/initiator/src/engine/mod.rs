@@ -430,6 +430,8 @@ impl Engine {
         path.completed(chunk.conn, chunk.bytes, chunk.ahead, chunk.sent_at, now);
         let c = &mut path.counters;
         match chunk.op {
+            // Probes are health checks, not the user's data.
+            _ if chunk.piece.is_none() => c.others += 1,
             Op::Read if outcome.is_ok() => {
                 c.reads += 1;
                 c.read_bytes += chunk.bytes;
