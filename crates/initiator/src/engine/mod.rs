@@ -212,7 +212,7 @@ impl Default for EngineConfig {
             no_path_timeout: Some(Duration::from_secs(60)),
             probe_interval: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(100),
-            reconnect_max: Duration::from_secs(5),
+            reconnect_max: Duration::from_millis(500),
         }
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct Shared {
     pub core: Mutex<Core>,
     pub epoch: Instant,
     pub settings: super::Settings,
+    /// The volume was closed: background tasks stop.
+    pub closed: std::sync::atomic::AtomicBool,
 }
 
 /// Zeroes for OFFSET_HOLE replies, sliced without allocating.
@@ -69,6 +71,10 @@ static ZEROES: [u8; 1 << 20] = [0; 1 << 20];
 impl Shared {
     pub fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    pub fn closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn lock(&self) -> MutexGuard<'_, Core> {
@@ -122,16 +128,18 @@ impl Core {
                     self.received
                         .retain(|k, _| engine.chunk(Cookie(*k)).is_some());
                 }
-                Action::Fence { path, conns } => {
+                Action::Fence { path, conns } if !shared.closed() => {
                     tokio::spawn(recover::fence(shared.clone(), path, conns));
                 }
-                Action::Reconnect { path, after } => {
+                Action::Fence { .. } => {}
+                Action::Reconnect { path, after } if !shared.closed() => {
                     let p = &mut self.paths[path.0];
                     if !p.reconnecting {
                         p.reconnecting = true;
                         tokio::spawn(recover::reconnect(shared.clone(), path, after));
                     }
                 }
+                Action::Reconnect { .. } => {}
                 Action::Event(ev) => self.log(ev),
             }
         }

@@ -258,11 +258,13 @@ impl Volume {
             }),
             epoch,
             settings,
+            closed: Default::default(),
         });
         let opened = futures_join(specs.iter().enumerate().map(|(i, spec)| {
             let shared = shared.clone();
             let spec = spec.clone();
-            async move { recover::open_conns(&shared, PathId(i), &spec).await }
+            let timeout = shared.settings.connect_timeout;
+            async move { recover::open_conns(&shared, PathId(i), &spec, timeout).await }
         }))
         .await;
         let mut failures = Vec::new();
@@ -456,6 +458,9 @@ impl Volume {
 
     /// Disconnects every connection cleanly (NBD_CMD_DISC), bounded in time.
     pub async fn close(&self) {
+        self.shared
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
         if let Some(t) = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take() {
             t.abort();
         }
@@ -480,6 +485,9 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        self.shared
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
         if let Some(t) = self.ticker.lock().unwrap_or_else(|p| p.into_inner()).take() {
             t.abort();
         }

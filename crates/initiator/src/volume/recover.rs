@@ -15,14 +15,22 @@ use crate::engine::PathId;
 
 use super::core::{ConnSink, Shared};
 
+/// A reconnect attempt gives up on a silent portal after this long, so that
+/// attempts keep coming (with the engine's backoff, at most 0.5 s apart)
+/// and a restored link is back within about a second and a half.
+const RECONNECT_DIAL: Duration = Duration::from_secs(1);
+
 /// Waits `after`, then tries to bring `path` back.
 pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration) {
     tokio::time::sleep(after).await;
+    if shared.closed() {
+        return;
+    }
     let spec = {
         let core = shared.lock();
         core.paths[path.0].spec.clone()
     };
-    let result = open_conns(&shared, path, &spec).await;
+    let result = open_conns(&shared, path, &spec, RECONNECT_DIAL).await;
     let mut core = shared.lock();
     core.paths[path.0].reconnecting = false;
     match result {
@@ -41,22 +49,21 @@ pub(crate) async fn open_conns(
     shared: &Arc<Shared>,
     path: PathId,
     spec: &discover::PathSpec,
+    timeout: Duration,
 ) -> Result<(), ConnectError> {
     let settings = &shared.settings;
     let mut conns = Vec::new();
     for _ in 0..settings.connections_per_path {
-        let c = discover::connect_path(spec, &settings.expect, settings.connect_timeout).await?;
+        let c = discover::connect_path(spec, &settings.expect, timeout).await?;
         conns.push(c);
     }
     if let Some(first) = conns.first_mut() {
-        conn::probe(
-            &mut first.negotiated,
-            settings.probe_len,
-            settings.connect_timeout,
-        )
-        .await?;
+        conn::probe(&mut first.negotiated, settings.probe_len, timeout).await?;
     }
     let mut core = shared.lock();
+    if shared.closed() {
+        return Ok(()); // the connections just made are dropped
+    }
     let generation = core.paths[path.0].generation + 1;
     let mut handles = Vec::new();
     let mut ids = Vec::new();
@@ -92,7 +99,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
     loop {
         let candidates = {
             let core = shared.lock();
-            if !core.engine.fence_pending(path) {
+            if shared.closed() || !core.engine.fence_pending(path) {
                 return;
             }
             // Paths that work now first; the failed one last.
