@@ -52,6 +52,91 @@ pub enum Command {
     Bench(BenchArgs),
     /// Serve a demo volume on two loopback portals and use it with multipath
     Demo(DemoArgs),
+    /// Make a multipath volume a local NBD export for the kernel, qemu, nbdfuse
+    #[command(after_long_help = ATTACH_EXAMPLES)]
+    Attach(AttachArgs),
+    /// Show every running serve and attach: volumes, paths, live figures
+    Status(StatusArgs),
+    /// Switch the path policy of an attached volume, live
+    Policy(PolicyArgs),
+    /// Take a path of an attached volume out of use, or back (maintenance)
+    Path(PathArgs),
+}
+
+const ATTACH_EXAMPLES: &str = "\
+Examples:
+  braid attach nbd://10.0.1.5/vol
+      every path to the volume; NBD on /run/braid/vol.sock
+  braid attach nbd://10.0.1.5/vol --local eth1 --local eth2 --metrics 127.0.0.1:9810
+  braid attach --config /etc/braid/attach.toml
+
+Then, for a block device:   nbd-client -unix /run/braid/vol.sock /dev/nbd0 -N vol
+or without the nbd module:  nbdfuse /mnt/vol 'nbd+unix:///vol?socket=/run/braid/vol.sock'
+and watch it:               braid status --watch";
+
+#[derive(Args, Debug)]
+pub struct AttachArgs {
+    /// The volume: nbd://HOST[:PORT]/EXPORT (optional with --config)
+    pub uri: Option<String>,
+    /// Local export name [default: the remote export's name]
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Unix socket to serve the volume on [default: /run/braid/NAME.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Also serve on this loopback TCP address
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub tcp: Option<String>,
+    /// Volumes and settings from a TOML file (see contrib/attach.toml)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+    /// Control socket for braid status/policy/path [default: in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    #[command(flatten)]
+    pub multipath: MultipathArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Refresh in place every --interval seconds
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between refreshes with --watch
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Stop after this many refreshes
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Print JSON for scripts
+    #[arg(long)]
+    pub json: bool,
+    /// Ask only this control socket
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct PolicyArgs {
+    /// The attached volume's name
+    pub volume: String,
+    /// adaptive, failover, round-robin, round-robin-subset,
+    /// least-queue-depth, least-blocks, weighted, service-time,
+    /// historical-service-time
+    pub policy: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PathArgs {
+    /// The attached volume's name
+    pub volume: String,
+    /// The path number, as `braid status` shows it
+    pub path: usize,
+    /// enable or disable
+    pub action: String,
 }
 
 const COPY_EXAMPLES: &str = "\
@@ -221,8 +306,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
 
+    /// Portals and exports from a TOML file (see contrib/serve.toml)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Control socket for braid status [default: in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+
     /// Exports: NAME=SOURCE, where SOURCE is a file, a block device or
     /// mem:SIZE (e.g. vol=/srv/disk.img, demo=mem:1GiB)
-    #[arg(required = true, value_name = "NAME=SOURCE")]
+    #[arg(required_unless_present = "config", value_name = "NAME=SOURCE")]
     pub exports: Vec<ExportSpec>,
 }

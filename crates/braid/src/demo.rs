@@ -37,13 +37,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
 }
 
 async fn demo(size: u64, step: Duration) -> Result<()> {
-    let export = Arc::new(Export {
-        name: "demo".into(),
-        description: "braid demo volume (memory)".into(),
-        backend: Arc::new(MemBackend::new(size)),
-        read_only: false,
-        volume: uuid::Uuid::new_v4(),
-    });
+    let export = Arc::new(Export::local(
+        "demo",
+        "braid demo volume (memory)",
+        Arc::new(MemBackend::new(size)),
+        false,
+        uuid::Uuid::new_v4(),
+    ));
     let portals: Vec<Portal> = ["127.0.0.1:0", "127.0.0.2:0"]
         .iter()
         .map(|a| Portal {

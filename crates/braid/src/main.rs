@@ -5,15 +5,21 @@
 //!
 //! Exit codes: 0 success, 1 the operation failed, 2 usage error.
 
+mod attach;
 mod bench;
 mod cli;
+mod config;
+mod control;
 mod copy;
 mod demo;
 mod logging;
+mod metrics;
 mod multipath;
 mod pattern;
+mod rates;
 mod serve;
 mod side;
+mod status;
 
 use std::process::ExitCode;
 
@@ -28,6 +34,10 @@ fn main() -> ExitCode {
         cli::Command::Copy(args) => copy::run(args),
         cli::Command::Bench(args) => bench::run(args),
         cli::Command::Demo(args) => demo::run(args),
+        cli::Command::Attach(args) => attach::run(args),
+        cli::Command::Status(args) => status::status(args),
+        cli::Command::Policy(args) => status::policy(args),
+        cli::Command::Path(args) => status::path(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

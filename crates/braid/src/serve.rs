@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use braid_target::backend::{Backend, FileBackend, MemBackend};
@@ -15,15 +16,20 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::cli::{ServeArgs, UsageError};
+use crate::config::{self, ServeFile};
+use crate::control;
+use crate::rates::{Counts, Rates};
 
 /// `braid serve`, checked.
 struct ServeConfig {
     listen: Vec<ListenSpec>,
     default_listen: bool,
     read_only: bool,
-    create: Option<u64>,
+    /// Size to create each missing file source with, by export name.
+    create: HashMap<String, u64>,
     volume_ids: HashMap<String, Uuid>,
     state_dir: std::path::PathBuf,
+    control: std::path::PathBuf,
     exports: Vec<ExportSpec>,
 }
 
@@ -32,7 +38,28 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 impl ServeConfig {
-    fn from_args(args: ServeArgs) -> Result<Self> {
+    fn from_args(mut args: ServeArgs) -> Result<Self> {
+        let file: ServeFile = match &args.config {
+            Some(p) => config::load(p)?,
+            None => ServeFile::default(),
+        };
+        let mut create_per: HashMap<String, String> = HashMap::new();
+        for e in &file.exports {
+            let spec: ExportSpec = format!("{}={}", e.name, e.source)
+                .parse()
+                .map_err(|e: braid_target::source::SpecError| usage(e.0))?;
+            args.exports.push(spec);
+            if let Some(c) = &e.create {
+                create_per.insert(e.name.clone(), c.clone());
+            }
+            if let Some(id) = &e.volume_id {
+                args.volume_ids.push(format!("{}={id}", e.name));
+            }
+        }
+        for l in &file.listen {
+            args.listen.push(l.parse().map_err(usage)?);
+        }
+        args.read_only |= file.read_only;
         let mut seen = std::collections::HashSet::new();
         for e in &args.exports {
             if !seen.insert(e.name.clone()) {
@@ -53,11 +80,14 @@ impl ServeConfig {
                 .map_err(|e| usage(format!("--volume-id {v:?}: {id:?} is not a UUID ({e})")))?;
             volume_ids.insert(name.to_owned(), id);
         }
-        let create = args
-            .create
-            .as_deref()
-            .map(|s| parse_size(s).map_err(|e| usage(format!("--create {s:?}: {e}"))))
-            .transpose()?;
+        let size = |s: &str| parse_size(s).map_err(|e| usage(format!("--create {s:?}: {e}")));
+        let mut create = HashMap::new();
+        for e in &args.exports {
+            let chosen = create_per.get(&e.name).or(args.create.as_ref());
+            if let Some(s) = chosen {
+                create.insert(e.name.clone(), size(s)?);
+            }
+        }
         let default_listen = args.listen.is_empty();
         let listen = if default_listen {
             vec![ListenSpec::Addr(
@@ -72,7 +102,14 @@ impl ServeConfig {
             read_only: args.read_only,
             create,
             volume_ids,
-            state_dir: args.state_dir.unwrap_or_else(default_state_dir),
+            state_dir: args
+                .state_dir
+                .or(file.state_dir)
+                .unwrap_or_else(default_state_dir),
+            control: args
+                .control
+                .or(file.control)
+                .unwrap_or_else(|| control::default_path("serve")),
             exports: args.exports,
         })
     }
@@ -99,7 +136,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 "export {:?}: {} {}{}, volume {}",
                 e.name,
                 e.description,
-                format_size(e.backend.size()),
+                format_size(e.size()),
                 if e.read_only { ", read-only" } else { "" },
                 e.volume
             );
@@ -110,6 +147,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
                  --listen all, or --listen IFACE for each NIC"
             );
         }
+        let rates = Arc::new(Mutex::new(Rates::default()));
+        let registry = target.registry();
+        tokio::spawn(sample(registry.clone(), rates.clone()));
+        let portals_shown: Vec<String> = portals
+            .iter()
+            .zip(target.local_addrs())
+            .map(|(p, a)| match &p.device {
+                Some(d) => format!("{a} (on {d})"),
+                None => a.to_string(),
+            })
+            .collect();
+        let _control = control::serve(
+            &cfg.control,
+            handler(registry, target.exports(), portals_shown, rates),
+        )?;
         let stop = target.stop_handle();
         tokio::spawn(async move {
             wait_for_signal().await;
@@ -121,7 +173,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
-async fn wait_for_signal() {
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
@@ -143,7 +195,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
         let (backend, description): (Arc<dyn Backend>, String) = match &spec.source {
             Source::Mem(size) => (Arc::new(MemBackend::new(*size)), "memory".into()),
             Source::File(path) => {
-                create_if_missing(path, cfg.create)?;
+                create_if_missing(path, cfg.create.get(&spec.name).copied())?;
                 let b = FileBackend::open(path, cfg.read_only)
                     .with_context(|| format!("export {:?}", spec.name))?;
                 (Arc::new(b), path.display().to_string())
@@ -156,13 +208,13 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
                 identity(&mut store, &cfg.state_dir, path, explicit.copied())?
             }
         };
-        list.push(Arc::new(Export {
-            name: spec.name.clone(),
+        list.push(Arc::new(Export::local(
+            spec.name.clone(),
             description,
             backend,
-            read_only: cfg.read_only,
+            cfg.read_only,
             volume,
-        }));
+        )));
     }
     Ok(Exports::new(list))
 }
@@ -212,4 +264,92 @@ fn create_if_missing(path: &Path, size: Option<u64>) -> Result<()> {
         .with_context(|| format!("sizing {} to {}", path.display(), format_size(size)))?;
     info!("created {} ({}, sparse)", path.display(), format_size(size));
     Ok(())
+}
+
+fn conn_counts(c: &braid_target::registry::Conn) -> Counts {
+    use std::sync::atomic::Ordering::Relaxed;
+    Counts {
+        read_bytes: c.stats.read_bytes.load(Relaxed),
+        written_bytes: c.stats.written_bytes.load(Relaxed),
+        reads: c.stats.reads.load(Relaxed),
+        writes: c.stats.writes.load(Relaxed),
+    }
+}
+
+async fn sample(registry: Arc<braid_target::registry::Registry>, rates: Arc<Mutex<Rates>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let snap = registry
+            .list()
+            .iter()
+            .map(|c| (format!("conn/{}", c.id), conn_counts(c)))
+            .collect();
+        rates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(Instant::now(), snap);
+    }
+}
+
+fn handler(
+    registry: Arc<braid_target::registry::Registry>,
+    exports: Arc<Exports>,
+    portals: Vec<String>,
+    rates: Arc<Mutex<Rates>>,
+) -> control::Handler {
+    use serde_json::json;
+    Arc::new(move |req: serde_json::Value| {
+        if req["op"] != "status" {
+            return json!({"ok": false, "error": "braid serve answers only op status"});
+        }
+        let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let conns: Vec<_> = registry
+            .list()
+            .iter()
+            .map(|c| {
+                use std::sync::atomic::Ordering::Relaxed;
+                let counts = conn_counts(c);
+                let r = rates.rate(&format!("conn/{}", c.id), counts, now);
+                json!({
+                    "id": c.id,
+                    "peer": c.peer,
+                    "portal": c.portal,
+                    "export": c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                    "read_bytes_per_s": r.read_bytes,
+                    "write_bytes_per_s": r.written_bytes,
+                    "read_iops": r.reads,
+                    "write_iops": r.writes,
+                    "read_bytes": counts.read_bytes,
+                    "written_bytes": counts.written_bytes,
+                    "reads": counts.reads,
+                    "writes": counts.writes,
+                    "others": c.stats.others.load(Relaxed),
+                    "errors": c.stats.errors.load(Relaxed),
+                    "inflight": c.inflight(),
+                })
+            })
+            .collect();
+        let exports: Vec<_> = exports
+            .iter()
+            .map(|e| {
+                json!({
+                    "name": e.name,
+                    "description": e.description,
+                    "size": e.size(),
+                    "read_only": e.read_only,
+                    "identity": e.volume.to_string(),
+                })
+            })
+            .collect();
+        json!({
+            "ok": true,
+            "role": "serve",
+            "pid": std::process::id(),
+            "portals": portals,
+            "exports": exports,
+            "connections": conns,
+        })
+    })
 }

@@ -9,13 +9,23 @@ use braid_proto::{Catalog, ExportInfo, Refusal, TransmissionFlags};
 use uuid::Uuid;
 
 use crate::backend::Backend;
+use crate::forward::Forward;
+
+/// Where an export's requests are carried out.
+#[derive(Debug, Clone)]
+pub enum Storage {
+    /// A file, device or memory on this host.
+    Local(Arc<dyn Backend>),
+    /// Another NBD export (the multipath volume of `braid attach`).
+    Forwarded(Arc<dyn Forward>),
+}
 
 /// One export as served.
 #[derive(Debug)]
 pub struct Export {
     pub name: String,
     pub description: String,
-    pub backend: Arc<dyn Backend>,
+    pub storage: Storage,
     pub read_only: bool,
     /// The `x-braid:volume` identity.
     pub volume: Uuid,
@@ -30,41 +40,87 @@ impl Export {
     pub const MIN_BLOCK: u32 = 1;
     pub const PREFERRED_BLOCK: u32 = 4096;
 
+    /// A local export.
+    pub fn local(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        backend: Arc<dyn Backend>,
+        read_only: bool,
+        volume: Uuid,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            storage: Storage::Local(backend),
+            read_only,
+            volume,
+        }
+    }
+
+    pub fn size(&self) -> u64 {
+        match &self.storage {
+            Storage::Local(b) => b.size(),
+            Storage::Forwarded(f) => f.size(),
+        }
+    }
+
     /// Transmission flags offered for this export.
     pub fn flags(&self) -> TransmissionFlags {
-        let caps = self.backend.caps();
-        let mut f = TransmissionFlags::HAS_FLAGS
-            | TransmissionFlags::SEND_FLUSH
-            | TransmissionFlags::SEND_FUA
-            | TransmissionFlags::SEND_DF
-            | TransmissionFlags::SEND_CACHE
-            // One backend object serves every connection of the export, so a
-            // flush on any connection covers writes completed on all of them.
-            | TransmissionFlags::CAN_MULTI_CONN;
-        if self.read_only {
-            f |= TransmissionFlags::READ_ONLY;
-        } else {
-            f |= TransmissionFlags::SEND_WRITE_ZEROES | TransmissionFlags::SEND_FAST_ZERO;
-            if caps.trim {
-                f |= TransmissionFlags::SEND_TRIM;
+        let f = match &self.storage {
+            Storage::Local(backend) => {
+                let caps = backend.caps();
+                let mut f = TransmissionFlags::HAS_FLAGS
+                    | TransmissionFlags::SEND_FLUSH
+                    | TransmissionFlags::SEND_FUA
+                    | TransmissionFlags::SEND_DF
+                    | TransmissionFlags::SEND_CACHE
+                    // One backend object serves every connection of the
+                    // export, so a flush on any connection covers writes
+                    // completed on all of them.
+                    | TransmissionFlags::CAN_MULTI_CONN;
+                if !self.read_only {
+                    f |= TransmissionFlags::SEND_WRITE_ZEROES | TransmissionFlags::SEND_FAST_ZERO;
+                    if caps.trim {
+                        f |= TransmissionFlags::SEND_TRIM;
+                    }
+                }
+                if caps.rotational {
+                    f |= TransmissionFlags::ROTATIONAL;
+                }
+                f
             }
-        }
-        if caps.rotational {
-            f |= TransmissionFlags::ROTATIONAL;
-        }
-        TransmissionFlags(f)
+            // What the export behind offers, passed through; replies are
+            // built here, so DF can always be honoured.
+            Storage::Forwarded(fwd) => {
+                fwd.flags().0 | TransmissionFlags::HAS_FLAGS | TransmissionFlags::SEND_DF
+            }
+        };
+        let read_only = if self.read_only {
+            TransmissionFlags::READ_ONLY
+        } else {
+            0
+        };
+        TransmissionFlags(f | read_only)
     }
 
     /// The export as the handshake describes it.
     pub fn info(&self) -> ExportInfo {
+        let (min_block, preferred_block, max_payload) = match &self.storage {
+            Storage::Local(_) => (Self::MIN_BLOCK, Self::PREFERRED_BLOCK, Self::MAX_PAYLOAD),
+            Storage::Forwarded(f) => (
+                f.min_block(),
+                f.preferred_block(),
+                f.max_payload().min(Self::MAX_PAYLOAD),
+            ),
+        };
         ExportInfo {
             name: self.name.clone(),
             description: self.description.clone(),
-            size: self.backend.size(),
+            size: self.size(),
             flags: self.flags(),
-            min_block: Self::MIN_BLOCK,
-            preferred_block: Self::PREFERRED_BLOCK,
-            max_payload: Self::MAX_PAYLOAD,
+            min_block,
+            preferred_block,
+            max_payload,
             volume: Some(self.volume.to_string()),
         }
     }

@@ -10,6 +10,7 @@
 pub mod backend;
 mod conn;
 pub mod export;
+pub mod forward;
 pub mod identity;
 pub mod portal;
 pub mod registry;
@@ -17,5 +18,6 @@ mod server;
 pub mod source;
 
 pub use conn::{ConnError, Limits};
-pub use export::{Export, Exports};
+pub use export::{Export, Exports, Storage};
+pub use forward::{Forward, ForwardFuture, Forwarded};
 pub use server::{StopHandle, Target};

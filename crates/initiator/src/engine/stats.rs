@@ -94,6 +94,11 @@ impl Histogram {
         Duration::from_micros(self.max_us)
     }
 
+    /// Sum of every sample.
+    pub fn sum(&self) -> Duration {
+        Duration::from_micros(self.sum_us)
+    }
+
     pub fn mean(&self) -> Duration {
         Duration::from_micros(self.sum_us.checked_div(self.total).unwrap_or(0))
     }

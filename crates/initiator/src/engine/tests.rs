@@ -359,7 +359,11 @@ fn idle_paths_are_probed() {
     h.reply_all(true);
     assert!(h.done.is_empty());
     let c = h.e.path_report(PathId(0), h.now).counters;
-    assert_eq!((c.reads, c.read_bytes, c.others), (0, 0, 1), "probes are not data");
+    assert_eq!(
+        (c.reads, c.read_bytes, c.others),
+        (0, 0, 1),
+        "probes are not data"
+    );
 }
 
 #[test]

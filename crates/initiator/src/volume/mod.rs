@@ -108,6 +108,8 @@ pub struct VolumeInfo {
     pub connections_per_path: usize,
     /// The target fences failed connections.
     pub fencing: bool,
+    /// The target answers BLOCK_STATUS for `base:allocation`.
+    pub block_status: bool,
 }
 
 /// Settings every background task needs.
@@ -297,6 +299,11 @@ impl Volume {
         if !d.braid && specs.len() > 1 {
             info!("the server is not braid: no fencing, and identity is checked by size only");
         }
+        let block_status = shared
+            .lock()
+            .paths
+            .iter()
+            .any(|p| p.allocation.iter().any(Option::is_some));
         let info = VolumeInfo {
             export: cfg.uri.export.clone(),
             size: export.size,
@@ -308,6 +315,7 @@ impl Volume {
             paths: specs.iter().map(ToString::to_string).collect(),
             connections_per_path,
             fencing: d.braid,
+            block_status,
         };
         let ticker = tokio::spawn(tick(Arc::downgrade(&shared)));
         Ok(Self {

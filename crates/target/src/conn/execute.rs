@@ -9,13 +9,15 @@ use std::io;
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
 use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
 
+use bytes::Bytes;
+
 use crate::backend::{Backend, ZeroError};
 
-/// A reply ready for the wire: header bytes, then READ data if any.
+/// A reply ready for the wire: its pieces (headers and READ data) in
+/// order, so data is never copied into a header buffer.
 #[derive(Debug)]
 pub(crate) struct Reply {
-    pub head: Vec<u8>,
-    pub data: Option<Vec<u8>>,
+    pub parts: Vec<Bytes>,
     /// The request succeeded.
     pub ok: bool,
 }
@@ -100,8 +102,7 @@ fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Vec<u8>) ->
         encode::simple(&mut head, cookie, None);
     }
     Reply {
-        head,
-        data: Some(data),
+        parts: vec![Bytes::from(head), Bytes::from(data)],
         ok: true,
     }
 }
@@ -115,8 +116,7 @@ pub(crate) fn ok_reply(style: &ReplyStyle, cookie: Cookie) -> Reply {
         encode::simple(&mut head, cookie, None);
     }
     Reply {
-        head,
-        data: None,
+        parts: vec![Bytes::from(head)],
         ok: true,
     }
 }
@@ -135,8 +135,7 @@ pub(crate) fn error_reply(
         encode::simple(&mut head, cookie, Some(errno));
     }
     Reply {
-        head,
-        data: None,
+        parts: vec![Bytes::from(head)],
         ok: false,
     }
 }
@@ -150,6 +149,24 @@ fn block_status(
     if len == 0 {
         return Err((Errno::Inval, "block status of length 0".into()));
     }
+    let found = if backend.caps().extents {
+        backend
+            .extents(req.offset, len)
+            .map_err(|e| io_error("block status", req.offset, &e))?
+    } else {
+        Vec::new()
+    };
+    Ok(block_status_reply(style, req, &found))
+}
+
+/// Encodes a BLOCK_STATUS reply: one chunk per selected context, the
+/// allocation context from `found`, the last chunk marked DONE.
+pub(crate) fn block_status_reply(
+    style: &ReplyStyle,
+    req: &Request,
+    found: &[crate::backend::Extent],
+) -> Reply {
+    let len = u64::from(req.length);
     let req_one = req.flags.has(CmdFlags::REQ_ONE);
     let mut head = Vec::new();
     let n = style.contexts.len();
@@ -159,16 +176,7 @@ fn block_status(
                 length: req.length,
                 flags: 0,
             }],
-            ContextKind::Allocation => {
-                let found = if backend.caps().extents {
-                    backend
-                        .extents(req.offset, len)
-                        .map_err(|e| io_error("block status", req.offset, &e))?
-                } else {
-                    Vec::new()
-                };
-                clamp(&found, len)
-            }
+            ContextKind::Allocation => clamp(found, len),
         };
         if req_one {
             extents.truncate(1);
@@ -179,11 +187,10 @@ fn block_status(
         };
         encode::block_status(&mut head, req.cookie, &status, i + 1 == n);
     }
-    Ok(Reply {
-        head,
-        data: None,
+    Reply {
+        parts: vec![Bytes::from(head)],
         ok: true,
-    })
+    }
 }
 
 /// Fits backend extents into the request's `len`: lengths as u32, the sum
@@ -294,10 +301,10 @@ mod tests {
         for structured in [true, false] {
             let s = style(structured, vec![]);
             let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(b"abc".to_vec()));
-            assert!(w.data.is_none());
+            assert_eq!(w.parts.len(), 1);
             let r = execute(&m, &s, &req(Command::Read, 4, 5, 0), None);
-            assert_eq!(r.data.as_deref(), Some(&b"\0abc\0"[..]));
-            match ReplyHeader::decode(&r.head).unwrap() {
+            assert_eq!(&r.parts[1][..], &b"\0abc\0"[..]);
+            match ReplyHeader::decode(&r.parts[0]).unwrap() {
                 ReplyHeader::Chunk(c) => {
                     assert!(structured);
                     assert_eq!(c.length, 5 + 8);
@@ -333,17 +340,18 @@ mod tests {
             &req(Command::BlockStatus, 0, 1 << 20, 0),
             None,
         );
-        let ReplyHeader::Chunk(c1) = ReplyHeader::decode(&r.head).unwrap() else {
+        let head = &r.parts[0];
+        let ReplyHeader::Chunk(c1) = ReplyHeader::decode(head).unwrap() else {
             panic!()
         };
         assert!(!c1.done());
         let end1 = 20 + c1.length as usize;
-        let s1 = BlockStatus::decode(&r.head[20..end1]).unwrap();
+        let s1 = BlockStatus::decode(&head[20..end1]).unwrap();
         assert_eq!(s1.context_id, 1);
         assert_eq!(s1.extents[0].flags, 0);
         let sum: u64 = s1.extents.iter().map(|e| u64::from(e.length)).sum();
         assert_eq!(sum, 1 << 20);
-        let ReplyHeader::Chunk(c2) = ReplyHeader::decode(&r.head[end1..]).unwrap() else {
+        let ReplyHeader::Chunk(c2) = ReplyHeader::decode(&head[end1..]).unwrap() else {
             panic!()
         };
         assert!(c2.done());
@@ -396,7 +404,7 @@ mod tests {
             &req(Command::WriteZeroes, 0, 10, CmdFlags::FAST_ZERO),
             None,
         );
-        let ReplyHeader::Simple(s) = ReplyHeader::decode(&r.head).unwrap() else {
+        let ReplyHeader::Simple(s) = ReplyHeader::decode(&r.parts[0]).unwrap() else {
             panic!()
         };
         assert_eq!(s.errno(), Some(Errno::NotSup));

@@ -10,6 +10,7 @@
 //! [`Conn`] so a fence can cut them off.
 
 mod execute;
+mod forwarded;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
-use crate::export::{Export, Exports};
+use crate::export::{Export, Exports, Storage};
 use crate::registry::{Conn, Registry};
 pub(crate) use execute::{error_reply, Reply, ReplyStyle};
 
@@ -243,9 +244,8 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         while let Some(out) = next {
-            w.write_all(&out.reply.head).await?;
-            if let Some(data) = &out.reply.data {
-                w.write_all(data).await?;
+            for part in &out.reply.parts {
+                w.write_all(part).await?;
             }
             next = rx.try_recv().ok();
         }
@@ -364,9 +364,38 @@ impl Reader {
     ) {
         let conn = &self.conn;
         conn.begin();
+        if let Storage::Forwarded(fwd) = &self.export.storage {
+            let (conn, fwd, style, tx) = (
+                conn.clone(),
+                fwd.clone(),
+                self.style.clone(),
+                self.tx.clone(),
+            );
+            let task = tokio::spawn(async move {
+                conn.wait_unheld().await;
+                if !conn.fenced() {
+                    let reply = if req.command == Command::BlockStatus && !fwd.block_status() {
+                        // Nothing known behind: all data, which is always
+                        // a correct answer (spec: status 0 is safe).
+                        execute::block_status_reply(&style, &req, &[])
+                    } else {
+                        let result = fwd.forward(&req, payload.map(bytes::Bytes::from)).await;
+                        forwarded::reply(&style, &req, result)
+                    };
+                    count(&conn, &req, &reply);
+                    let _ = tx.send(Outgoing {
+                        reply,
+                        _permits: permits,
+                    });
+                }
+                conn.end();
+            });
+            drop(task);
+            return;
+        }
         if conn.held() {
             // Test hook (Registry::hold): wait off the reader, then run.
-            let blocking = self.export.backend.blocking();
+            let blocking = self.blocking();
             let held = conn.clone();
             let job = self.job(req, payload, permits);
             tokio::spawn(async move {
@@ -380,10 +409,17 @@ impl Reader {
             return;
         }
         let job = self.job(req, payload, permits);
-        if self.export.backend.blocking() {
+        if self.blocking() {
             tokio::task::spawn_blocking(job);
         } else {
             job();
+        }
+    }
+
+    fn blocking(&self) -> bool {
+        match &self.export.storage {
+            Storage::Local(b) => b.blocking(),
+            Storage::Forwarded(_) => false,
         }
     }
 
@@ -401,7 +437,10 @@ impl Reader {
         move || {
             // A fence that arrived before this request started drops it.
             if !conn.fenced() {
-                let reply = execute::execute(export.backend.as_ref(), &style, &req, payload);
+                let Storage::Local(backend) = &export.storage else {
+                    unreachable!("forwarded exports are dispatched above");
+                };
+                let reply = execute::execute(backend.as_ref(), &style, &req, payload);
                 count(&conn, &req, &reply);
                 let _ = tx.send(Outgoing {
                     reply,

@@ -1,0 +1,452 @@
+//! `braid attach`: the multipath volume as a local NBD export, for the
+//! kernel (nbd-client), qemu, nbdfuse and every other NBD client. The
+//! front end is the target's own (handshake, validation, replies); each
+//! request is forwarded to the volume, which spreads it over the paths.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use braid_initiator::{Op, Volume};
+use braid_proto::{Command, Errno, Request, TransmissionFlags};
+use braid_target::portal::Portal;
+use braid_target::source::format_size;
+use braid_target::{Export, Exports, Forward, ForwardFuture, Forwarded, Limits, Storage, Target};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tracing::info;
+
+use crate::cli::{AttachArgs, MultipathArgs, UsageError};
+use crate::config::{self, AttachFile};
+use crate::rates::{Counts, Rates};
+use crate::{control, metrics, multipath};
+
+/// One volume to attach.
+struct Spec {
+    name: String,
+    uri: String,
+    multipath: MultipathArgs,
+    socket: PathBuf,
+    tcp: Option<SocketAddr>,
+}
+
+/// An attached volume.
+pub struct Attached {
+    pub name: String,
+    pub uri: String,
+    pub socket: PathBuf,
+    pub volume: Arc<Volume>,
+}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    UsageError(msg.into()).into()
+}
+
+/// Where sockets go by default: `/run/braid` for root, else the runtime
+/// directory.
+fn socket_dir() -> PathBuf {
+    control::dir()
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/braid"))
+}
+
+fn specs(args: &AttachArgs, file: &AttachFile) -> Result<Vec<Spec>> {
+    let mut out = Vec::new();
+    if let Some(uri) = &args.uri {
+        let parsed: braid_initiator::NbdUri = uri.parse().map_err(usage)?;
+        let name = args.name.clone().unwrap_or_else(|| parsed.export.clone());
+        let name = if name.is_empty() {
+            "default".into()
+        } else {
+            name
+        };
+        let tcp = args
+            .tcp
+            .as_deref()
+            .map(|t| {
+                t.parse()
+                    .map_err(|_| usage(format!("--tcp {t:?}: expected ADDR:PORT")))
+            })
+            .transpose()?;
+        out.push(Spec {
+            socket: args
+                .socket
+                .clone()
+                .unwrap_or_else(|| socket_dir().join(format!("{name}.sock"))),
+            name,
+            uri: uri.clone(),
+            multipath: args.multipath.clone(),
+            tcp,
+        });
+    }
+    for v in &file.volumes {
+        let parsed: braid_initiator::NbdUri = v.uri.parse().map_err(usage)?;
+        let name = v.name.clone().unwrap_or_else(|| parsed.export.clone());
+        let tcp = v
+            .tcp
+            .as_deref()
+            .map(|t| {
+                t.parse()
+                    .map_err(|_| usage(format!("tcp {t:?}: expected ADDR:PORT")))
+            })
+            .transpose()?;
+        out.push(Spec {
+            socket: v
+                .socket
+                .clone()
+                .unwrap_or_else(|| socket_dir().join(format!("{name}.sock"))),
+            name,
+            uri: v.uri.clone(),
+            multipath: v.multipath()?,
+            tcp,
+        });
+    }
+    if out.is_empty() {
+        return Err(usage(
+            "nothing to attach: give a URI (braid attach nbd://HOST/EXPORT) or --config FILE",
+        ));
+    }
+    let mut names = std::collections::HashSet::new();
+    for s in &out {
+        if !names.insert(s.name.clone()) {
+            return Err(usage(format!(
+                "two volumes are named {:?}; give one of them another name",
+                s.name
+            )));
+        }
+        braid_target::source::check_export_name(&s.name).map_err(|e| usage(e.0))?;
+    }
+    Ok(out)
+}
+
+pub fn run(args: AttachArgs) -> Result<()> {
+    let file: AttachFile = match &args.config {
+        Some(p) => config::load(p)?,
+        None => AttachFile::default(),
+    };
+    let specs = specs(&args, &file)?;
+    let configs = specs
+        .iter()
+        .map(|s| multipath::config(&s.uri, &s.multipath))
+        .collect::<Result<Vec<_>>>()?;
+    let metrics_addr: Option<SocketAddr> = args
+        .metrics
+        .as_deref()
+        .or(file.metrics.as_deref())
+        .map(|m| {
+            m.parse()
+                .map_err(|_| usage(format!("metrics {m:?}: expected ADDR:PORT")))
+        })
+        .transpose()?;
+    let control_path = args
+        .control
+        .clone()
+        .or(file.control.clone())
+        .unwrap_or_else(|| control::default_path("attach"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut attached = Vec::new();
+        let mut exports = Vec::new();
+        for (spec, cfg) in specs.iter().zip(configs) {
+            let vol = Arc::new(multipath::open(cfg).await?);
+            let identity = vol
+                .info()
+                .identity
+                .as_deref()
+                .and_then(|i| uuid::Uuid::parse_str(i).ok())
+                .unwrap_or_else(uuid::Uuid::new_v4);
+            exports.push(Arc::new(Export {
+                name: spec.name.clone(),
+                description: format!("{} over {} paths", spec.uri, vol.info().paths.len()),
+                storage: Storage::Forwarded(Arc::new(VolumeForward(vol.clone()))),
+                read_only: false,
+                volume: identity,
+            }));
+            attached.push(Attached {
+                name: spec.name.clone(),
+                uri: spec.uri.clone(),
+                socket: spec.socket.clone(),
+                volume: vol,
+            });
+        }
+        let tcp: Vec<Portal> = specs
+            .iter()
+            .filter_map(|s| s.tcp)
+            .map(|addr| Portal { addr, device: None })
+            .collect();
+        for p in &tcp {
+            if !p.addr.ip().is_loopback() {
+                return Err(usage(format!(
+                    "--tcp {}: only loopback addresses (the volume is not access-controlled here)",
+                    p.addr
+                )));
+            }
+        }
+        let mut target = Target::bind(Exports::new(exports), &tcp, Limits::default())?;
+        for s in &specs {
+            if let Some(dir) = s.socket.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            target.bind_unix(&s.socket)?;
+            control::set_mode(&s.socket, 0o660);
+        }
+        let attached = Arc::new(attached);
+        let rates = Arc::new(Mutex::new(Rates::default()));
+        tokio::spawn(sample(attached.clone(), rates.clone()));
+        let handler = handler(attached.clone(), rates.clone());
+        let _control = control::serve(&control_path, handler)?;
+        if let Some(addr) = metrics_addr {
+            metrics::serve(addr, attached.clone()).await?;
+            info!("metrics on http://{addr}/metrics");
+        }
+        for a in attached.iter() {
+            print_usage(a);
+        }
+        let stop = target.stop_handle();
+        tokio::spawn(async move {
+            crate::serve::wait_for_signal().await;
+            stop.stop();
+        });
+        target.run().await.context("flushing at exit")?;
+        for a in attached.iter() {
+            a.volume.close().await;
+        }
+        info!("detached");
+        Ok(())
+    })
+}
+
+fn print_usage(a: &Attached) {
+    let info = a.volume.info();
+    let sock = a.socket.display();
+    println!(
+        "attached {:?}: {} over {} paths, {}",
+        a.name,
+        format_size(info.size),
+        info.paths.len(),
+        info.paths.join(", ")
+    );
+    println!("  NBD socket: {sock}");
+    println!("  kernel:  nbd-client -unix {sock} /dev/nbd0 -N {}", a.name);
+    println!(
+        "  FUSE:    nbdfuse /mnt/{} 'nbd+unix:///{}?socket={sock}'",
+        a.name, a.name
+    );
+    println!(
+        "  qemu:    -drive file=nbd+unix:///{}?socket={sock},format=raw",
+        a.name
+    );
+    println!("  status:  braid status");
+}
+
+/// The volume as the target's forwarded storage.
+struct VolumeForward(Arc<Volume>);
+
+impl std::fmt::Debug for VolumeForward {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "volume {:?}", self.0.info().export)
+    }
+}
+
+impl Forward for VolumeForward {
+    fn size(&self) -> u64 {
+        self.0.info().size
+    }
+
+    fn flags(&self) -> TransmissionFlags {
+        // What the export behind offers, less what only concerns how it
+        // answers its own clients.
+        let keep = TransmissionFlags::READ_ONLY
+            | TransmissionFlags::SEND_FLUSH
+            | TransmissionFlags::SEND_FUA
+            | TransmissionFlags::ROTATIONAL
+            | TransmissionFlags::SEND_TRIM
+            | TransmissionFlags::SEND_WRITE_ZEROES
+            | TransmissionFlags::CAN_MULTI_CONN
+            | TransmissionFlags::SEND_CACHE
+            | TransmissionFlags::SEND_FAST_ZERO;
+        TransmissionFlags(self.0.info().flags.0 & keep)
+    }
+
+    fn block_status(&self) -> bool {
+        self.0.info().block_status
+    }
+
+    fn min_block(&self) -> u32 {
+        self.0.info().min_block
+    }
+
+    fn preferred_block(&self) -> u32 {
+        self.0.info().preferred_block
+    }
+
+    fn max_payload(&self) -> u32 {
+        self.0.info().max_payload
+    }
+
+    fn forward(&self, req: &Request, payload: Option<Bytes>) -> ForwardFuture {
+        let vol = self.0.clone();
+        let req = *req;
+        Box::pin(async move {
+            let op = match req.command {
+                Command::Read => Op::Read,
+                Command::Write => Op::Write,
+                Command::Flush => Op::Flush,
+                Command::Trim => Op::Trim,
+                Command::WriteZeroes => Op::WriteZeroes,
+                Command::Cache => Op::Cache,
+                Command::BlockStatus => Op::BlockStatus,
+                Command::Disc | Command::Unknown(_) => {
+                    return Err((Errno::Inval, "not a forwarded command".into()))
+                }
+            };
+            let done = vol
+                .submit(op, req.offset, u64::from(req.length), req.flags, payload)
+                .await
+                .map_err(|e| (e.errno(), e.to_string()))?;
+            Ok(Forwarded {
+                data: done.data,
+                extents: done
+                    .status
+                    .into_iter()
+                    .flat_map(|s| s.extents)
+                    .map(|e| (e.length, e.flags))
+                    .collect(),
+            })
+        })
+    }
+}
+
+fn counts(p: &braid_initiator::PathFigures) -> Counts {
+    let c = &p.figures.counters;
+    Counts {
+        read_bytes: c.read_bytes,
+        written_bytes: c.written_bytes,
+        reads: c.reads,
+        writes: c.writes,
+    }
+}
+
+async fn sample(attached: Arc<Vec<Attached>>, rates: Arc<Mutex<Rates>>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let mut snap = HashMap::new();
+        for a in attached.iter() {
+            for p in a.volume.report().paths {
+                snap.insert(format!("{}/{}", a.name, p.index), counts(&p));
+            }
+        }
+        rates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(Instant::now(), snap);
+    }
+}
+
+/// The status of one attached volume, as `braid status --json` shows it.
+pub fn volume_status(a: &Attached, rates: &Rates) -> Value {
+    let info = a.volume.info();
+    let report = a.volume.report();
+    let now = Instant::now();
+    let paths: Vec<Value> = report
+        .paths
+        .iter()
+        .map(|p| {
+            let f = &p.figures;
+            let r = rates.rate(&format!("{}/{}", a.name, p.index), counts(p), now);
+            json!({
+                "index": p.index,
+                "local": p.local,
+                "portal": p.portal,
+                "state": f.state.name(),
+                "connections": f.connections,
+                "read_bytes_per_s": r.read_bytes,
+                "write_bytes_per_s": r.written_bytes,
+                "read_iops": r.reads,
+                "write_iops": r.writes,
+                "inflight_requests": f.inflight_requests,
+                "inflight_bytes": f.inflight_bytes,
+                "latency_p50_us": f.latency.quantile(0.5).as_micros() as u64,
+                "latency_p99_us": f.latency.quantile(0.99).as_micros() as u64,
+                "latency_p999_us": f.latency.quantile(0.999).as_micros() as u64,
+                "read_bytes": f.counters.read_bytes,
+                "written_bytes": f.counters.written_bytes,
+                "reads": f.counters.reads,
+                "writes": f.counters.writes,
+                "others": f.counters.others,
+                "errors": f.counters.errors,
+                "failures": f.counters.failures,
+                "restores": f.counters.restores,
+                "resent": f.counters.resent,
+            })
+        })
+        .collect();
+    json!({
+        "name": a.name,
+        "uri": a.uri,
+        "socket": a.socket.display().to_string(),
+        "identity": info.identity,
+        "size": info.size,
+        "policy": report.policy,
+        "fencing": info.fencing,
+        "paths": paths,
+    })
+}
+
+fn handler(attached: Arc<Vec<Attached>>, rates: Arc<Mutex<Rates>>) -> control::Handler {
+    Arc::new(move |req: Value| {
+        let find = |name: &Value| {
+            attached
+                .iter()
+                .find(|a| name.as_str() == Some(a.name.as_str()))
+        };
+        match req["op"].as_str() {
+            Some("status") => {
+                let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
+                json!({
+                    "ok": true,
+                    "role": "attach",
+                    "pid": std::process::id(),
+                    "volumes": attached.iter().map(|a| volume_status(a, &rates)).collect::<Vec<_>>(),
+                })
+            }
+            Some("policy") => match (find(&req["volume"]), req["policy"].as_str()) {
+                (Some(a), Some(p)) => match a.volume.set_policy(p, &Default::default()) {
+                    Ok(()) => {
+                        info!(volume = %a.name, "policy switched to {p}");
+                        json!({"ok": true})
+                    }
+                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                },
+                _ => json!({"ok": false, "error": "give a volume name and a policy"}),
+            },
+            Some("path") => match (
+                find(&req["volume"]),
+                req["path"].as_u64(),
+                req["enable"].as_bool(),
+            ) {
+                (Some(a), Some(n), Some(enable)) => {
+                    match a.volume.set_path_enabled(n as usize, enable) {
+                        Ok(()) => {
+                            info!(volume = %a.name, "path {n} {}", if enable { "enabled" } else { "disabled" });
+                            json!({"ok": true})
+                        }
+                        Err(e) => json!({"ok": false, "error": e}),
+                    }
+                }
+                _ => {
+                    json!({"ok": false, "error": "give a volume, a path number and enable true/false"})
+                }
+            },
+            _ => json!({"ok": false, "error": "unknown op; use status, policy or path"}),
+        }
+    })
+}

@@ -1,0 +1,148 @@
+//! Configuration files, as an alternative to flags (for systemd units and
+//! hosts with several volumes). TOML; every key mirrors a flag of the same
+//! name, and `contrib/*.toml` documents each one.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+
+use crate::cli::{MultipathArgs, UsageError};
+
+/// `braid serve --config FILE`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeFile {
+    #[serde(default)]
+    pub listen: Vec<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    pub state_dir: Option<PathBuf>,
+    pub control: Option<PathBuf>,
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ServeExport>,
+}
+
+/// One `[[export]]` of a serve file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeExport {
+    pub name: String,
+    /// A file, a block device or `mem:SIZE`.
+    pub source: String,
+    /// Create a missing file of this size (sparse).
+    pub create: Option<String>,
+    pub volume_id: Option<String>,
+}
+
+/// `braid attach --config FILE`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachFile {
+    pub metrics: Option<String>,
+    pub control: Option<PathBuf>,
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<AttachVolume>,
+}
+
+/// One `[[volume]]` of an attach file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachVolume {
+    pub uri: String,
+    pub name: Option<String>,
+    pub socket: Option<PathBuf>,
+    pub tcp: Option<String>,
+    pub policy: Option<String>,
+    #[serde(default)]
+    pub portals: Vec<String>,
+    #[serde(default)]
+    pub locals: Vec<String>,
+    pub connections_per_path: Option<usize>,
+    /// Seconds, or "queue".
+    pub no_path_timeout: Option<toml::Value>,
+    pub timeout_floor: Option<f64>,
+    pub timeout_ceiling: Option<f64>,
+}
+
+impl AttachVolume {
+    /// The same settings as the flags would give.
+    pub fn multipath(&self) -> Result<MultipathArgs> {
+        let mut locals = Vec::new();
+        for l in &self.locals {
+            locals.push(
+                l.parse()
+                    .map_err(|e: String| UsageError(format!("volume {:?}: {e}", self.uri)))?,
+            );
+        }
+        let no_path_timeout = match &self.no_path_timeout {
+            None => "60".to_owned(),
+            Some(toml::Value::String(s)) => s.clone(),
+            Some(toml::Value::Integer(i)) => i.to_string(),
+            Some(toml::Value::Float(f)) => f.to_string(),
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "volume {:?}: no_path_timeout must be seconds or \"queue\", not {other}",
+                    self.uri
+                ))
+                .into())
+            }
+        };
+        Ok(MultipathArgs {
+            portals: self.portals.clone(),
+            locals,
+            policy: self.policy.clone(),
+            connections_per_path: self.connections_per_path.unwrap_or(1),
+            no_path_timeout,
+            timeout_floor: self.timeout_floor.unwrap_or(0.5),
+            timeout_ceiling: self.timeout_ceiling.unwrap_or(10.0),
+        })
+    }
+}
+
+/// Reads and parses a TOML file; mistakes name the file and the key.
+pub fn load<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the configuration {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| UsageError(format!("{}: {e}", path.display())).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_file_parses_and_converts() {
+        let f: AttachFile = toml::from_str(
+            r#"
+            metrics = "127.0.0.1:9810"
+            [[volume]]
+            uri = "nbd://10.0.1.5/vol"
+            policy = "round-robin"
+            locals = ["eth1", "10.0.2.2"]
+            no_path_timeout = "queue"
+            [[volume]]
+            uri = "nbd://10.0.1.5/other"
+            no_path_timeout = 5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(f.volumes.len(), 2);
+        let m = f.volumes[0].multipath().unwrap();
+        assert_eq!(m.no_path_timeout, "queue");
+        assert_eq!(m.locals.len(), 2);
+        assert_eq!(f.volumes[1].multipath().unwrap().no_path_timeout, "5");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e =
+            toml::from_str::<AttachFile>("[[volume]]\nuri = \"x\"\npolcy = \"a\"\n").unwrap_err();
+        assert!(e.to_string().contains("polcy"), "{e}");
+        let s: ServeFile = toml::from_str(
+            "listen = [\"all\"]\n[[export]]\nname = \"vol\"\nsource = \"mem:1GiB\"\n",
+        )
+        .unwrap();
+        assert_eq!(s.exports[0].source, "mem:1GiB");
+    }
+}
