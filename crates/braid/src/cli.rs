@@ -127,6 +127,9 @@ pub struct PolicyArgs {
     /// least-queue-depth, least-blocks, weighted, service-time,
     /// historical-service-time
     pub policy: String,
+    /// The attach's control socket [default: found in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -137,6 +140,9 @@ pub struct PathArgs {
     pub path: usize,
     /// enable or disable
     pub action: String,
+    /// The attach's control socket [default: found in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
 }
 
 const COPY_EXAMPLES: &str = "\

@@ -135,6 +135,21 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_examples_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../contrib");
+        let serve: ServeFile =
+            toml::from_str(&std::fs::read_to_string(format!("{dir}/serve.toml")).unwrap()).unwrap();
+        assert_eq!(serve.exports.len(), 2);
+        assert_eq!(serve.listen, ["eth1", "eth2"]);
+        let attach: AttachFile =
+            toml::from_str(&std::fs::read_to_string(format!("{dir}/attach.toml")).unwrap())
+                .unwrap();
+        let m = attach.volumes[0].multipath().unwrap();
+        assert_eq!(m.locals.len(), 2);
+        assert_eq!(m.no_path_timeout, "60");
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let e =
             toml::from_str::<AttachFile>("[[volume]]\nuri = \"x\"\npolcy = \"a\"\n").unwrap_err();

@@ -183,7 +183,10 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         .into());
     }
     runtime()?.block_on(async {
-        let sock = control::find_volume(&args.volume).await?;
+        let sock = match &args.control {
+            Some(p) => p.clone(),
+            None => control::find_volume(&args.volume).await?,
+        };
         let v = control::request(
             &sock,
             &json!({"op": "policy", "volume": args.volume, "policy": args.policy}),
@@ -204,7 +207,10 @@ pub fn path(args: PathArgs) -> Result<()> {
         }
     };
     runtime()?.block_on(async {
-        let sock = control::find_volume(&args.volume).await?;
+        let sock = match &args.control {
+            Some(p) => p.clone(),
+            None => control::find_volume(&args.volume).await?,
+        };
         let v = control::request(
             &sock,
             &json!({"op": "path", "volume": args.volume, "path": args.path, "enable": enable}),

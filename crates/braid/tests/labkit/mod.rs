@@ -89,3 +89,115 @@ pub fn shares(out: &Output) -> Vec<f64> {
         })
         .collect()
 }
+
+/// A `braid attach` process (in the lab's client namespace, or on this
+/// host for loopback tests), with its NBD socket and control socket in a
+/// temporary directory.
+pub struct Attach {
+    pub guard: Option<ChildGuard>,
+    pub socket: PathBuf,
+    pub control: PathBuf,
+    pub name: String,
+    log: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Attach {
+    /// Starts `braid attach URI ARGS --name NAME` and waits (bounded) for
+    /// its socket.
+    pub fn start(lab: Option<&Lab>, uri: &str, name: &str, args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join(format!("{name}.sock"));
+        let control = dir.path().join("control.sock");
+        let log = dir.path().join("attach.log");
+        let mut a = Self {
+            guard: None,
+            socket,
+            control,
+            name: name.to_owned(),
+            log,
+            dir,
+        };
+        a.restart(lab, uri, args);
+        a
+    }
+
+    /// Starts the process again (after [`Self::stop`]) with the same sockets.
+    pub fn restart(&mut self, lab: Option<&Lab>, uri: &str, args: &[&str]) {
+        let mut cmd = Command::new(braid_bin());
+        cmd.arg("attach")
+            .arg(uri)
+            .args(["--name", &self.name])
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--control")
+            .arg(&self.control)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&self.log).unwrap());
+        let guard = match lab {
+            Some(lab) => lab.spawn(Side::Client, cmd).expect("spawn braid attach"),
+            None => ChildGuard::new(cmd.spawn().expect("spawn braid attach"), "braid attach"),
+        };
+        self.guard = Some(guard);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !(self.socket.exists() && self.control.exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "braid attach did not start:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///{}?socket={}", self.name, self.socket.display())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, bounded wait; returns whether it exited with status 0.
+    pub fn stop(&mut self) -> bool {
+        match self.guard.take() {
+            Some(g) => g.stop().map(|s| s.success()).unwrap_or(false),
+            None => true,
+        }
+    }
+
+    /// `braid status --json --control ...` parsed.
+    pub fn status(&self) -> serde_json::Value {
+        let out = Command::new(braid_bin())
+            .args(["status", "--json", "--control"])
+            .arg(&self.control)
+            .output()
+            .expect("braid status");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        v["processes"][0]["volumes"][0].clone()
+    }
+}
+
+/// `braid CMD ARGS` on this host, asserting success.
+pub fn braid_here(args: &[&str]) -> Output {
+    let out = Command::new(braid_bin())
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run braid");
+    assert!(
+        out.status.success(),
+        "braid {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
