@@ -238,13 +238,13 @@ fn in_process_target<'s>(scope: &'s std::thread::Scope<'s, '_>, lab: &'s Lab) ->
     scope.spawn(move || {
         lab.enter(Side::Storage, move || {
             rt().block_on(async move {
-                let export = Arc::new(Export {
-                    name: "vol".into(),
-                    description: "held".into(),
-                    backend: Arc::new(MemBackend::new(16 << 20)),
-                    read_only: false,
-                    volume: uuid_v4(),
-                });
+                let export = Arc::new(Export::local(
+                    "vol",
+                    "held",
+                    Arc::new(MemBackend::new(16 << 20)),
+                    false,
+                    uuid_v4(),
+                ));
                 let target =
                     Target::bind(Exports::new(vec![export]), &portals, Limits::default()).unwrap();
                 tx.send(InProcessTarget {
