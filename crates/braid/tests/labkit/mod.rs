@@ -9,8 +9,18 @@ use std::time::{Duration, Instant};
 
 use braid_lab::{ChildGuard, Lab, Side};
 
-pub fn braid_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_braid")
+/// The braid binary: cargo names it for integration tests; examples find
+/// it next to themselves (`target/<profile>/examples/..` → `braid`).
+pub fn braid_bin() -> String {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_braid") {
+        return p.to_owned();
+    }
+    let exe = std::env::current_exe().expect("own path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    dir.join("braid").display().to_string()
 }
 
 /// `braid serve` in the storage namespace.
