@@ -167,6 +167,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
                 storage: Storage::Forwarded(Arc::new(VolumeForward(vol.clone()))),
                 read_only: false,
                 volume: identity,
+                allow: Vec::new(),
             }));
             attached.push(Attached {
                 name: spec.name.clone(),

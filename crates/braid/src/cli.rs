@@ -61,6 +61,29 @@ pub enum Command {
     Policy(PolicyArgs),
     /// Take a path of an attached volume out of use, or back (maintenance)
     Path(PathArgs),
+    /// TLS helpers: `braid tls init DIR` makes a CA and certificates
+    #[command(subcommand)]
+    Tls(TlsCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TlsCommand {
+    /// Make a CA, a server certificate and a client certificate in DIR
+    /// (the layout nbdkit, qemu and libnbd use)
+    Init(TlsInitArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TlsInitArgs {
+    /// Directory for the PEM files
+    pub dir: PathBuf,
+    /// A name or address the server certificate is valid for (repeatable)
+    /// [default: localhost, this host's addresses and hostname]
+    #[arg(long = "name", value_name = "NAME|ADDR")]
+    pub names: Vec<String>,
+    /// Replace existing certificates
+    #[arg(long)]
+    pub force: bool,
 }
 
 const ATTACH_EXAMPLES: &str = "\
@@ -189,6 +212,19 @@ pub struct MultipathArgs {
     /// NBD connections per path
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub connections_per_path: usize,
+
+    /// CA certificate (PEM) that signed the target's certificate; turns
+    /// TLS on (nbds:// URIs need it)
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM), for targets that check clients
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Key of the client certificate (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 
     /// How long I/O waits when no path works: seconds, 0 to fail at once,
     /// or `queue` to wait forever
@@ -319,6 +355,48 @@ pub struct ServeArgs {
     /// Control socket for braid status [default: in /run/braid/ctl]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+
+    /// Server certificate (PEM); with --tls-key, TLS is required of every
+    /// TCP client (nothing is listed or served before STARTTLS)
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Key of the server certificate (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// Only clients with a certificate signed by this CA (PEM) get in
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Let only this client network use an export, e.g. vol=10.0.1.0/24
+    /// (repeatable; an export without any is open to every client)
+    #[arg(long = "allow", value_name = "NAME=CIDR")]
+    pub allow: Vec<String>,
+
+    /// Connections at once, in total
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// Connections at once from one client address
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_connections_per_client: usize,
+
+    /// Requests in flight per connection (more wait in the socket)
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_requests_per_connection: usize,
+
+    /// Payload bytes in flight per connection
+    #[arg(long, value_name = "SIZE", default_value = "128M")]
+    pub max_inflight_per_connection: String,
+
+    /// Seconds a client has to finish the handshake
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub handshake_timeout: f64,
+
+    /// Close connections idle this many seconds (0: never)
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    pub idle_timeout: f64,
 
     /// Exports: NAME=SOURCE, where SOURCE is a file, a block device or
     /// mem:SIZE (e.g. vol=/srv/disk.img, demo=mem:1GiB)

@@ -19,6 +19,9 @@ pub struct ServeFile {
     pub read_only: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ServeExport>,
 }
@@ -33,6 +36,9 @@ pub struct ServeExport {
     /// Create a missing file of this size (sparse).
     pub create: Option<String>,
     pub volume_id: Option<String>,
+    /// Client networks allowed to use the export (default: all).
+    #[serde(default)]
+    pub allow: Vec<String>,
 }
 
 /// `braid attach --config FILE`.
@@ -63,6 +69,9 @@ pub struct AttachVolume {
     pub no_path_timeout: Option<toml::Value>,
     pub timeout_floor: Option<f64>,
     pub timeout_ceiling: Option<f64>,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
 }
 
 impl AttachVolume {
@@ -91,6 +100,9 @@ impl AttachVolume {
         Ok(MultipathArgs {
             portals: self.portals.clone(),
             locals,
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
             policy: self.policy.clone(),
             connections_per_path: self.connections_per_path.unwrap_or(1),
             no_path_timeout,

@@ -20,6 +20,7 @@ mod rates;
 mod serve;
 mod side;
 mod status;
+mod tls;
 
 use std::process::ExitCode;
 
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         cli::Command::Status(args) => status::status(args),
         cli::Command::Policy(args) => status::policy(args),
         cli::Command::Path(args) => status::path(args),
+        cli::Command::Tls(cli::TlsCommand::Init(args)) => tls::init(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -23,6 +23,13 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         cfg.portals.push(addr);
     }
     cfg.locals = args.locals.clone();
+    if let Some(ca) = &args.tls_ca {
+        cfg.tls = Some(crate::tls::client(
+            ca,
+            args.tls_cert.as_deref(),
+            args.tls_key.as_deref(),
+        )?);
+    }
     if let Some(p) = &args.policy {
         if !braid_policy::NAMES.contains(&p.as_str()) {
             return Err(usage(format!(

@@ -2,11 +2,12 @@
 //! target run in the foreground until SIGINT or SIGTERM.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use braid_target::access::Network;
 use braid_target::backend::{Backend, FileBackend, MemBackend};
 use braid_target::identity::{default_state_dir, IdentityStore};
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
@@ -31,6 +32,10 @@ struct ServeConfig {
     state_dir: std::path::PathBuf,
     control: std::path::PathBuf,
     exports: Vec<ExportSpec>,
+    /// Certificate, key, and the CA that client certificates must chain to.
+    tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
+    allow: HashMap<String, Vec<Network>>,
+    limits: Limits,
 }
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
@@ -45,6 +50,9 @@ impl ServeConfig {
         };
         let mut create_per: HashMap<String, String> = HashMap::new();
         for e in &file.exports {
+            for a in &e.allow {
+                args.allow.push(format!("{}={a}", e.name));
+            }
             let spec: ExportSpec = format!("{}={}", e.name, e.source)
                 .parse()
                 .map_err(|e: braid_target::source::SpecError| usage(e.0))?;
@@ -88,6 +96,72 @@ impl ServeConfig {
                 create.insert(e.name.clone(), size(s)?);
             }
         }
+        let mut allow: HashMap<String, Vec<Network>> = HashMap::new();
+        for a in &args.allow {
+            let (name, net) = a.split_once('=').ok_or_else(|| {
+                usage(format!(
+                    "--allow {a:?}: write NAME=CIDR, e.g. vol=10.0.1.0/24"
+                ))
+            })?;
+            if !seen.contains(name) {
+                return Err(usage(format!(
+                    "--allow {a:?}: there is no export named {name:?}"
+                )));
+            }
+            let net: Network = net
+                .parse()
+                .map_err(|e| usage(format!("--allow {a:?}: {e}")))?;
+            allow.entry(name.to_owned()).or_default().push(net);
+        }
+        let tls = match (
+            args.tls_cert.or(file.tls_cert),
+            args.tls_key.or(file.tls_key),
+            args.tls_client_ca.or(file.tls_client_ca),
+        ) {
+            (Some(c), Some(k), ca) => Some((c, k, ca)),
+            (None, None, None) => None,
+            _ => {
+                return Err(usage(
+                    "TLS needs both a certificate and a key (--tls-cert and --tls-key)",
+                ))
+            }
+        };
+        let secs = |v: f64, flag: &str| -> Result<Duration> {
+            if v.is_finite() && v >= 0.0 {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(usage(format!("{flag} must be a number of seconds")))
+            }
+        };
+        let inflight = parse_size(&args.max_inflight_per_connection).map_err(|e| {
+            usage(format!(
+                "--max-inflight-per-connection {:?}: {e}",
+                args.max_inflight_per_connection
+            ))
+        })?;
+        if args.max_connections == 0
+            || args.max_connections_per_client == 0
+            || args.max_requests_per_connection == 0
+            || inflight < 32 << 20
+        {
+            return Err(usage(
+                "connection limits must be at least 1, and --max-inflight-per-connection at least \
+                 32M (one maximum request)",
+            ));
+        }
+        let handshake = secs(args.handshake_timeout, "--handshake-timeout")?;
+        if handshake.is_zero() {
+            return Err(usage("--handshake-timeout must be more than 0"));
+        }
+        let idle = secs(args.idle_timeout, "--idle-timeout")?;
+        let limits = Limits {
+            handshake_timeout: handshake,
+            idle_timeout: (!idle.is_zero()).then_some(idle),
+            max_requests: args.max_requests_per_connection,
+            max_bytes: inflight as usize,
+            max_connections: args.max_connections,
+            max_connections_per_client: args.max_connections_per_client,
+        };
         let default_listen = args.listen.is_empty();
         let listen = if default_listen {
             vec![ListenSpec::Addr(
@@ -111,6 +185,9 @@ impl ServeConfig {
                 .or(file.control)
                 .unwrap_or_else(|| control::default_path("serve")),
             exports: args.exports,
+            tls,
+            allow,
+            limits,
         })
     }
 }
@@ -124,7 +201,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let target = Target::bind(exports, &portals, Limits::default())?;
+        let mut target = Target::bind(exports, &portals, cfg.limits.clone())?;
+        if let Some((cert, key, ca)) = &cfg.tls {
+            target.set_tls(crate::tls::server(cert, key, ca.as_deref())?);
+            info!(
+                "TLS required{}",
+                if ca.is_some() {
+                    ", with client certificates signed by the given CA"
+                } else {
+                    ""
+                }
+            );
+        }
         for (p, addr) in portals.iter().zip(target.local_addrs()) {
             match &p.device {
                 Some(dev) => info!("portal {addr} (bound to {dev})"),
@@ -208,13 +296,15 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
                 identity(&mut store, &cfg.state_dir, path, explicit.copied())?
             }
         };
-        list.push(Arc::new(Export::local(
+        let mut export = Export::local(
             spec.name.clone(),
             description,
             backend,
             cfg.read_only,
             volume,
-        )));
+        );
+        export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
+        list.push(Arc::new(export));
     }
     Ok(Exports::new(list))
 }

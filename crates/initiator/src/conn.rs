@@ -53,7 +53,7 @@ impl std::fmt::Display for Local {
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("connecting to {endpoint} from {local}: {source}")]
+    #[error("connecting to {endpoint} from {local}")]
     Dial {
         endpoint: String,
         local: String,
@@ -62,13 +62,13 @@ pub enum ConnectError {
     },
     #[error("connecting to {0}: timed out")]
     Timeout(String),
-    #[error("handshake with {endpoint}: {source}")]
+    #[error("handshake with {endpoint}")]
     Handshake {
         endpoint: String,
         #[source]
         source: ProtoError,
     },
-    #[error("handshake with {endpoint}: {source}")]
+    #[error("handshake with {endpoint}")]
     Io {
         endpoint: String,
         #[source]
@@ -76,8 +76,29 @@ pub enum ConnectError {
     },
     #[error("handshake with {0}: the server closed the connection")]
     Closed(String),
+    #[error(
+        "TLS with {endpoint} (check --tls-ca, --tls-cert, and the names in the server certificate)"
+    )]
+    Tls {
+        endpoint: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("{0}")]
     Other(String),
+}
+
+/// An error with its causes, `outer: inner: innermost`, for log lines
+/// (anyhow prints chains itself; logs need it spelled out).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// How long the kernel may hold unacknowledged data before it gives up on
@@ -141,6 +162,20 @@ pub async fn dial(
     }
 }
 
+/// TLS for the connections of a volume: how to verify the target, and the
+/// name to verify it by (the URI's host, for every path).
+#[derive(Clone)]
+pub struct TlsClient {
+    pub connector: tokio_rustls::TlsConnector,
+    pub name: tokio_rustls::rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TlsClient({:?})", self.name)
+    }
+}
+
 /// A connection after its handshake.
 pub struct Negotiated {
     pub stream: Box<dyn Stream>,
@@ -155,12 +190,15 @@ pub struct Negotiated {
 /// The server refused or broke the protocol, the stream failed, or it
 /// took longer than `timeout`.
 pub async fn negotiate(
-    mut stream: Box<dyn Stream>,
-    cfg: ClientConfig,
+    stream: Box<dyn Stream>,
+    mut cfg: ClientConfig,
     endpoint: &str,
     timeout: Duration,
+    tls: Option<&TlsClient>,
 ) -> Result<Negotiated, ConnectError> {
-    let run = async {
+    cfg.tls = tls.is_some();
+    let mut stream = stream;
+    let run = async move {
         let mut hs = ClientHandshake::new(cfg);
         let mut buf = BytesMut::with_capacity(4096);
         loop {
@@ -186,7 +224,7 @@ pub async fn negotiate(
             }
             match event {
                 ClientEvent::Done(outcome) => {
-                    return Ok((*outcome, buf));
+                    return Ok((*outcome, buf, stream));
                 }
                 ClientEvent::NeedInput => {
                     let n = stream
@@ -198,20 +236,33 @@ pub async fn negotiate(
                         })?;
                     if n == 0 {
                         return match hs.eof() {
-                            Some(outcome) => Ok((outcome, buf)),
+                            Some(outcome) => Ok((outcome, buf, stream)),
                             None => Err(ConnectError::Closed(endpoint.to_owned())),
                         };
                     }
                 }
                 ClientEvent::StartTls => {
-                    return Err(ConnectError::Other(format!(
-                        "{endpoint}: TLS is not supported by this initiator yet"
-                    )))
+                    let tls = tls.expect("STARTTLS is asked only with a TLS configuration");
+                    if !buf.is_empty() {
+                        return Err(ConnectError::Other(format!(
+                            "{endpoint}: the server sent data before the TLS handshake"
+                        )));
+                    }
+                    let up = tls
+                        .connector
+                        .connect(tls.name.clone(), stream)
+                        .await
+                        .map_err(|e| ConnectError::Tls {
+                            endpoint: endpoint.to_owned(),
+                            source: e,
+                        })?;
+                    stream = Box::new(up);
+                    hs.tls_established();
                 }
             }
         }
     };
-    let (outcome, leftover) = tokio::time::timeout(timeout, run)
+    let (outcome, leftover, stream) = tokio::time::timeout(timeout, run)
         .await
         .map_err(|_| ConnectError::Timeout(endpoint.to_owned()))??;
     Ok(Negotiated {

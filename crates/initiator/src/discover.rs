@@ -9,7 +9,7 @@ use std::time::Duration;
 use braid_proto::braid_ns::BraidContext;
 use braid_proto::{ClientConfig, ExportDetails, Finish};
 
-use crate::conn::{self, ConnectError, Local, Negotiated};
+use crate::conn::{self, ConnectError, Local, Negotiated, TlsClient};
 use crate::uri::Endpoint;
 
 /// A `--local` value: an address or an interface.
@@ -73,6 +73,7 @@ pub async fn discover(
     local: &Local,
     export: &str,
     timeout: Duration,
+    tls: Option<&TlsClient>,
 ) -> Result<Discovery, ConnectError> {
     let stream = conn::dial(endpoint, local, timeout).await?;
     let cfg = ClientConfig {
@@ -80,7 +81,7 @@ pub async fn discover(
         finish: Finish::Info,
         ..ClientConfig::go(export)
     };
-    let n = conn::negotiate(stream, cfg, &endpoint.to_string(), timeout).await?;
+    let n = conn::negotiate(stream, cfg, &endpoint.to_string(), timeout, tls).await?;
     let export = n.outcome.export.clone().ok_or_else(|| {
         ConnectError::Other(format!("{endpoint}: the server sent no export details"))
     })?;
@@ -212,6 +213,8 @@ pub fn pair(locals: &[(Local, Option<u8>)], portals: &[Endpoint]) -> Vec<PathSpe
 #[derive(Clone, Debug)]
 pub struct Expect {
     pub export: String,
+    /// TLS for every connection, when the volume uses it.
+    pub tls: Option<TlsClient>,
     pub size: u64,
     pub identity: Option<String>,
     /// Where the expectation came from, for messages.
@@ -243,7 +246,14 @@ pub async fn connect_path(
         set_contexts: vec![braid_proto::server::BASE_ALLOCATION.into()],
         ..ClientConfig::go(expect.export.clone())
     };
-    let n = conn::negotiate(stream, cfg, &path.portal.to_string(), timeout).await?;
+    let n = conn::negotiate(
+        stream,
+        cfg,
+        &path.portal.to_string(),
+        timeout,
+        expect.tls.as_ref(),
+    )
+    .await?;
     let details = n
         .outcome
         .export

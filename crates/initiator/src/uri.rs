@@ -24,6 +24,8 @@ impl std::fmt::Display for Endpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NbdUri {
     pub endpoint: Endpoint,
+    /// The host as written (name or address), which TLS verifies.
+    pub host: String,
     pub export: String,
     /// `nbds://`: TLS required.
     pub tls: bool,
@@ -71,8 +73,20 @@ impl std::str::FromStr for NbdUri {
         } else {
             Endpoint::Tcp(resolve_host(authority).map_err(|e| bad(&e))?)
         };
+        let host = if unix {
+            "localhost".to_owned()
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) if !h.ends_with(':') && p.chars().all(|c| c.is_ascii_digit()) => h,
+                _ => authority,
+            }
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
+        };
         Ok(Self {
             endpoint,
+            host,
             export,
             tls,
         })
@@ -132,8 +146,10 @@ mod tests {
             Endpoint::Tcp("127.0.0.1:10810".parse().unwrap())
         );
         assert_eq!(u.export, "vol");
+        assert_eq!(u.host, "127.0.0.1");
         assert!(!u.tls);
         let u: NbdUri = "nbds://[::1]/a%20b".parse().unwrap();
+        assert_eq!(u.host, "::1");
         assert_eq!(u.endpoint, Endpoint::Tcp("[::1]:10809".parse().unwrap()));
         assert_eq!(u.export, "a b");
         assert!(u.tls);

@@ -1,13 +1,17 @@
 //! Exports: a name, a backend, and what clients are told about them; and
 //! [`Exports`], the set a server offers, which the handshake consults.
 
+use std::net::IpAddr;
 use std::sync::Arc;
+
+use tracing::warn;
 
 use braid_proto::option::ServerEntry;
 use braid_proto::wire::DEFAULT_MAX_PAYLOAD;
 use braid_proto::{Catalog, ExportInfo, Refusal, TransmissionFlags};
 use uuid::Uuid;
 
+use crate::access::{allowed, Network};
 use crate::backend::Backend;
 use crate::forward::Forward;
 
@@ -29,6 +33,8 @@ pub struct Export {
     pub read_only: bool,
     /// The `x-braid:volume` identity.
     pub volume: Uuid,
+    /// Client networks allowed to use the export; empty allows all.
+    pub allow: Vec<Network>,
 }
 
 impl Export {
@@ -54,6 +60,7 @@ impl Export {
             storage: Storage::Local(backend),
             read_only,
             volume,
+            allow: Vec::new(),
         }
     }
 
@@ -149,34 +156,65 @@ impl Exports {
         }
         self.list.iter().find(|e| e.name == name)
     }
+}
 
-    fn names(&self) -> String {
-        self.list
-            .iter()
-            .map(|e| e.name.as_str())
+impl Exports {
+    /// The exports as a client at `peer` sees them (`None`: a local unix
+    /// socket client).
+    pub fn for_peer(&self, peer: Option<IpAddr>) -> PeerCatalog<'_> {
+        PeerCatalog {
+            exports: self,
+            peer,
+        }
+    }
+}
+
+/// The catalog one client's handshake consults: exports whose allow-list
+/// excludes it are refused by policy and left out of listings.
+pub struct PeerCatalog<'a> {
+    exports: &'a Exports,
+    peer: Option<IpAddr>,
+}
+
+impl PeerCatalog<'_> {
+    /// Names this client may know of (others are not even named to it).
+    fn visible_names(&self) -> String {
+        self.list()
+            .into_iter()
+            .map(|e| e.name)
             .collect::<Vec<_>>()
             .join(", ")
     }
 }
 
-impl Catalog for Exports {
+impl Catalog for PeerCatalog<'_> {
     fn lookup(&self, name: &str) -> Result<ExportInfo, Refusal> {
-        match self.find(name) {
-            Some(e) => Ok(e.info()),
+        match self.exports.find(name) {
+            Some(e) if allowed(&e.allow, self.peer) => Ok(e.info()),
+            Some(e) => {
+                let peer = self.peer.map_or("?".to_string(), |p| p.to_string());
+                warn!(export = %e.name, %peer, "refused: client address not in the export's allow-list");
+                Err(Refusal::Policy(format!(
+                    "export {:?} is not available to clients at {peer}",
+                    e.name
+                )))
+            }
             None if name.is_empty() => Err(Refusal::Unknown(format!(
                 "no default export: this server has several ({}); name one",
-                self.names()
+                self.visible_names()
             ))),
             None => Err(Refusal::Unknown(format!(
                 "no export named {name:?}; this server has: {}",
-                self.names()
+                self.visible_names()
             ))),
         }
     }
 
     fn list(&self) -> Vec<ServerEntry> {
-        self.list
+        self.exports
+            .list
             .iter()
+            .filter(|e| allowed(&e.allow, self.peer))
             .map(|e| ServerEntry {
                 name: e.name.clone(),
                 description: e.description.clone(),

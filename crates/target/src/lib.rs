@@ -7,6 +7,7 @@
 //! exports offer CAN_MULTI_CONN. Fencing (`x-braid:fence`) is answered from
 //! the connection [`registry::Registry`].
 
+pub mod access;
 pub mod backend;
 mod conn;
 pub mod export;

@@ -33,6 +33,8 @@ pub struct ConnStats {
 pub struct Conn {
     pub id: u64,
     pub peer: String,
+    /// The client's address; `None` for unix socket clients.
+    pub peer_ip: Option<std::net::IpAddr>,
     pub portal: String,
     pub export: Mutex<Option<String>>,
     pub stats: ConnStats,
@@ -122,11 +124,17 @@ impl Registry {
     }
 
     /// Adds a connection and returns it; remove it with [`Self::remove`].
-    pub fn add(&self, peer: String, portal: String) -> Arc<Conn> {
+    pub fn add(
+        &self,
+        peer: String,
+        peer_ip: Option<std::net::IpAddr>,
+        portal: String,
+    ) -> Arc<Conn> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             id,
             peer,
+            peer_ip,
             portal,
             export: Mutex::new(None),
             stats: ConnStats::default(),
@@ -139,6 +147,11 @@ impl Registry {
         });
         self.lock().insert(id, conn.clone());
         conn
+    }
+
+    /// How many connections are open.
+    pub fn count(&self) -> usize {
+        self.lock().len()
     }
 
     pub fn remove(&self, id: u64) {
@@ -207,7 +220,7 @@ mod tests {
     #[tokio::test]
     async fn fence_waits_for_inflight_and_aborts_tasks() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.add("peer".into(), "portal".into());
+        let conn = reg.add("peer".into(), None, "portal".into());
         let reader = tokio::spawn(std::future::pending::<()>());
         conn.own(reader.abort_handle());
         conn.begin();
@@ -231,7 +244,7 @@ mod tests {
     #[tokio::test]
     async fn fence_wakes_held_requests_so_they_are_dropped() {
         let reg = Arc::new(Registry::new());
-        let conn = reg.add("p".into(), "q".into());
+        let conn = reg.add("p".into(), None, "q".into());
         assert!(reg.hold(conn.id));
         conn.begin();
         let c2 = conn.clone();
@@ -252,7 +265,7 @@ mod tests {
     #[tokio::test]
     async fn tasks_owned_after_a_fence_are_aborted_at_once() {
         let reg = Registry::new();
-        let conn = reg.add("p".into(), "q".into());
+        let conn = reg.add("p".into(), None, "q".into());
         reg.fence(&[conn.id]).await;
         let late = tokio::spawn(std::future::pending::<()>());
         conn.own(late.abort_handle());

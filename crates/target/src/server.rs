@@ -31,6 +31,7 @@ pub struct Target {
     limits: Limits,
     stop_tx: watch::Sender<bool>,
     advertised: Vec<String>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Stops a running target from elsewhere (a signal handler, a test).
@@ -66,7 +67,16 @@ impl Target {
             limits,
             stop_tx,
             advertised,
+            tls: None,
         })
+    }
+
+    /// Requires TLS on every TCP connection (FORCEDTLS: nothing is listed or
+    /// served before STARTTLS). Client certificates are checked if the
+    /// configuration has a client verifier. Unix sockets stay plain: they
+    /// are local and guarded by file permissions.
+    pub fn set_tls(&mut self, config: Arc<tokio_rustls::rustls::ServerConfig>) {
+        self.tls = Some(tokio_rustls::TlsAcceptor::from(config));
     }
 
     /// Also serves on a unix socket at `path` (replacing a stale socket
@@ -126,13 +136,15 @@ impl Target {
             registry: self.registry.clone(),
             limits: self.limits.clone(),
             shutdown: self.stop_tx.subscribe(),
+            tls: self.tls.clone(),
         };
         let mut accepting = JoinSet::new();
         for (name, listener) in self.listeners {
             accepting.spawn(accept_tcp(listener, name, ctx.clone()));
         }
+        let local = ConnCtx { tls: None, ..ctx };
         for (path, listener) in self.unix {
-            accepting.spawn(accept_unix(listener, path, ctx.clone()));
+            accepting.spawn(accept_unix(listener, path, local.clone()));
         }
         let mut stop = self.stop_tx.subscribe();
         let _ = stop.wait_for(|s| *s).await;
@@ -197,11 +209,22 @@ async fn accept_tcp(listener: TcpListener, portal: String, ctx: ConnCtx) -> Join
         };
         match accepted {
             Ok((stream, peer)) => {
+                if let Err(why) = admit(&ctx, peer.ip()) {
+                    warn!(%peer, %portal, "connection refused: {why}");
+                    continue;
+                }
                 // The spec asks both sides to disable Nagle.
                 let _ = stream.set_nodelay(true);
-                let conn = ctx.registry.add(peer.to_string(), portal.clone());
+                let conn = ctx
+                    .registry
+                    .add(peer.to_string(), Some(peer.ip()), portal.clone());
                 info!(conn = conn.id, %peer, %portal, "connection");
-                conns.spawn(conn::serve(stream, conn, ctx.clone()));
+                conns.spawn(conn::serve(
+                    Box::new(stream),
+                    conn,
+                    Some(peer.ip()),
+                    ctx.clone(),
+                ));
             }
             Err(e) => {
                 // Out of descriptors and the like: back off, keep serving.
@@ -225,9 +248,13 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
         };
         match accepted {
             Ok((stream, _)) => {
-                let conn = ctx.registry.add("local".into(), name.clone());
+                if ctx.registry.count() >= ctx.limits.max_connections {
+                    warn!(socket = %name, "connection refused: too many connections");
+                    continue;
+                }
+                let conn = ctx.registry.add("local".into(), None, name.clone());
                 info!(conn = conn.id, socket = %name, "connection");
-                conns.spawn(conn::serve(stream, conn, ctx.clone()));
+                conns.spawn(conn::serve(Box::new(stream), conn, None, ctx.clone()));
             }
             Err(e) => {
                 warn!(socket = %name, "accept failed: {e}");
@@ -238,6 +265,24 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
     }
     let _ = std::fs::remove_file(&path);
     conns
+}
+
+/// Whether one more connection from `peer` fits the limits.
+fn admit(ctx: &ConnCtx, peer: std::net::IpAddr) -> Result<(), String> {
+    let all = ctx.registry.list();
+    if all.len() >= ctx.limits.max_connections {
+        return Err(format!(
+            "{} connections already (--max-connections)",
+            all.len()
+        ));
+    }
+    let mine = all.iter().filter(|c| c.peer_ip == Some(peer)).count();
+    if mine >= ctx.limits.max_connections_per_client {
+        return Err(format!(
+            "{mine} connections from {peer} already (--max-connections-per-client)"
+        ));
+    }
+    Ok(())
 }
 
 /// Portal names for clients. A wildcard listener (0.0.0.0, ::) stands for

@@ -58,6 +58,8 @@ pub struct VolumeConfig {
     /// can land after its re-sent copy and a newer write. For tests that
     /// show why fencing exists.
     pub danger_no_fence: bool,
+    /// TLS for every connection (required by `nbds://` URIs).
+    pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
 }
 
 impl VolumeConfig {
@@ -76,6 +78,7 @@ impl VolumeConfig {
             connect_timeout: Duration::from_secs(5),
             chunk: None,
             danger_no_fence: false,
+            tls: None,
         }
     }
 }
@@ -159,11 +162,35 @@ impl Volume {
     /// See [`OpenError`]: the messages say what to change.
     pub async fn open(cfg: VolumeConfig) -> Result<Self, OpenError> {
         let locals = discover::resolve_locals(&cfg.locals).map_err(OpenError::Usage)?;
+        let tls =
+            match (&cfg.tls, cfg.uri.tls) {
+                (Some(config), _) => {
+                    let name =
+                        tokio_rustls::rustls::pki_types::ServerName::try_from(cfg.uri.host.clone())
+                            .map_err(|e| {
+                                OpenError::Usage(format!(
+                                    "{:?} cannot be checked by TLS: {e}",
+                                    cfg.uri.host
+                                ))
+                            })?;
+                    Some(crate::conn::TlsClient {
+                        connector: tokio_rustls::TlsConnector::from(config.clone()),
+                        name,
+                    })
+                }
+                (None, true) => return Err(OpenError::Usage(
+                    "nbds:// needs TLS settings: give --tls-ca (and --tls-cert/--tls-key if the \
+                     server checks clients)"
+                        .into(),
+                )),
+                (None, false) => None,
+            };
         let d = discover::discover(
             &cfg.uri.endpoint,
             &Default::default(),
             &cfg.uri.export,
             cfg.connect_timeout,
+            tls.as_ref(),
         )
         .await?;
         let portals: Vec<Endpoint> = match (&cfg.uri.endpoint, cfg.portals.is_empty()) {
@@ -241,6 +268,7 @@ impl Volume {
             connections_per_path,
             expect: Expect {
                 export: cfg.uri.export.clone(),
+                tls,
                 size: export.size,
                 identity: d.identity.clone(),
                 source: first,
@@ -279,7 +307,9 @@ impl Volume {
             return Err(OpenError::NoPath(
                 failures
                     .iter()
-                    .map(|(i, e)| format!("path {} ({}): {e}", i + 1, specs[*i]))
+                    .map(|(i, e)| {
+                        format!("path {} ({}): {}", i + 1, specs[*i], crate::conn::chain(e))
+                    })
                     .collect(),
             ));
         }

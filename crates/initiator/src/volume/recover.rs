@@ -36,7 +36,11 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
     match result {
         Ok(()) => {}
         Err(e) => {
-            debug!(path = path.0 + 1, "reconnect failed: {e}");
+            debug!(
+                path = path.0 + 1,
+                "reconnect failed: {}",
+                crate::conn::chain(&e)
+            );
             core.engine.reconnect_failed(path);
         }
     }
@@ -124,7 +128,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
                     core.act(&shared);
                     return;
                 }
-                Err(e) => debug!(via = %spec, "fence attempt failed: {e}"),
+                Err(e) => debug!(via = %spec, "fence attempt failed: {}", crate::conn::chain(&e)),
             }
         }
         tokio::time::sleep(delay).await;
@@ -145,7 +149,8 @@ async fn fence_via(
         ..ClientConfig::go(shared.settings.expect.export.clone())
     };
     // The target answers only once the fence is complete: allow it time.
-    let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6).await?;
+    let tls = shared.settings.expect.tls.as_ref();
+    let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6, tls).await?;
     if n.outcome.listed.iter().any(|l| l == query) {
         Ok(())
     } else {

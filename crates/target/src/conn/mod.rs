@@ -18,6 +18,7 @@ use std::time::Duration;
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
     Command, Errno, ProtoError, Request, ServerConfig, ServerEvent, ServerHandshake, Session,
+    TlsMode,
 };
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
@@ -28,24 +29,35 @@ use crate::export::{Export, Exports, Storage};
 use crate::registry::{Conn, Registry};
 pub(crate) use execute::{error_reply, Reply, ReplyStyle};
 
-/// Bounds on what one connection may hold.
+/// Bounds on what clients may hold, so that one that floods or stalls is
+/// cut off without hurting the others.
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// The handshake must finish within this, or the connection is closed.
     pub handshake_timeout: Duration,
+    /// A connection with nothing in flight that sends no request for this
+    /// long is closed; `None` never closes idle connections.
+    pub idle_timeout: Option<Duration>,
     /// Requests in flight per connection; beyond it the reader waits.
     pub max_requests: usize,
     /// Payload bytes in flight per connection (WRITE data read, READ data
     /// not yet sent); beyond it the reader waits.
     pub max_bytes: usize,
+    /// Connections at once, in total; more are closed at accept.
+    pub max_connections: usize,
+    /// Connections at once from one client address.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            handshake_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
             max_requests: 256,
             max_bytes: 128 << 20,
+            max_connections: 1024,
+            max_connections_per_client: 128,
         }
     }
 }
@@ -67,11 +79,19 @@ pub enum ConnError {
     Proto(#[from] ProtoError),
     #[error("handshake not finished within {0:?}")]
     HandshakeTimeout(Duration),
-    #[error("client asked for TLS, which this server cannot start yet")]
-    TlsUnavailable,
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
+    #[error("client sent data before the TLS handshake")]
+    DataBeforeTls,
     #[error("WRITE of {0} bytes refused and too large to skip")]
     HugeRefusedWrite(u32),
+    #[error("idle for {0:?}")]
+    Idle(Duration),
 }
+
+/// A byte stream a connection runs over (TCP, unix socket, TLS).
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
 
 /// What every connection of a server shares.
 #[derive(Clone)]
@@ -81,14 +101,18 @@ pub(crate) struct ConnCtx {
     pub registry: Arc<Registry>,
     pub limits: Limits,
     pub shutdown: watch::Receiver<bool>,
+    /// With TLS configured, nothing is served before STARTTLS (FORCEDTLS).
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// Serves one connection to its end, then removes it from the registry.
-pub(crate) async fn serve<S>(stream: S, conn: Arc<Conn>, ctx: ConnCtx)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let result = run(stream, &conn, &ctx).await;
+pub(crate) async fn serve(
+    stream: Box<dyn Stream>,
+    conn: Arc<Conn>,
+    peer: Option<std::net::IpAddr>,
+    ctx: ConnCtx,
+) {
+    let result = run(stream, &conn, peer, &ctx).await;
     match result {
         Ok(()) => debug!(conn = conn.id, "connection closed"),
         Err(e) => info!(conn = conn.id, peer = %conn.peer, "connection closed: {e}"),
@@ -97,19 +121,23 @@ where
     ctx.registry.remove(conn.id);
 }
 
-async fn run<S>(mut stream: S, conn: &Arc<Conn>, ctx: &ConnCtx) -> Result<(), ConnError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+async fn run(
+    stream: Box<dyn Stream>,
+    conn: &Arc<Conn>,
+    peer: Option<std::net::IpAddr>,
+    ctx: &ConnCtx,
+) -> Result<(), ConnError> {
     let timeout = ctx.limits.handshake_timeout;
-    let handshake = tokio::time::timeout(timeout, handshake(&mut stream, conn, ctx));
+    let handshake = tokio::time::timeout(timeout, handshake(stream, conn, peer, ctx));
     let mut stop = ctx.shutdown.clone();
     let done = tokio::select! {
         done = handshake => done,
         // A stopping server has nothing to offer a client still choosing.
         _ = stop.wait_for(|s| *s) => return Ok(()),
     };
-    let Some((session, leftover)) = done.map_err(|_| ConnError::HandshakeTimeout(timeout))?? else {
+    let Some((session, leftover, stream)) =
+        done.map_err(|_| ConnError::HandshakeTimeout(timeout))??
+    else {
         return Ok(());
     };
     let Some(export) = ctx.exports.find(&session.export.name).cloned() else {
@@ -120,19 +148,25 @@ where
     transmission(stream, leftover, session, export, conn, ctx).await
 }
 
-async fn handshake<S>(
-    stream: &mut S,
+type Negotiated = Option<(Session, BytesMut, Box<dyn Stream>)>;
+
+async fn handshake(
+    mut stream: Box<dyn Stream>,
     conn: &Conn,
+    peer: Option<std::net::IpAddr>,
     ctx: &ConnCtx,
-) -> Result<Option<(Session, BytesMut)>, ConnError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
+) -> Result<Negotiated, ConnError> {
     let mut hs = ServerHandshake::new(ServerConfig {
         conn_id: conn.id,
         portals: ctx.portals.as_ref().clone(),
+        tls: if ctx.tls.is_some() {
+            TlsMode::Required
+        } else {
+            TlsMode::Off
+        },
         ..ServerConfig::default()
     });
+    let catalog = ctx.exports.for_peer(peer);
     let mut buf = BytesMut::with_capacity(4096);
     loop {
         let out = hs.take_output();
@@ -140,7 +174,7 @@ where
             stream.write_all(&out).await?;
             stream.flush().await?;
         }
-        let event = match hs.handle_input(&mut buf, ctx.exports.as_ref()) {
+        let event = match hs.handle_input(&mut buf, &catalog) {
             Ok(ev) => ev,
             Err(e) => {
                 // Whatever was answered before the violation still goes out.
@@ -161,7 +195,7 @@ where
             ServerEvent::Transmission(session) => {
                 stream.write_all(&hs.take_output()).await?;
                 stream.flush().await?;
-                return Ok(Some((*session, buf)));
+                return Ok(Some((*session, buf, stream)));
             }
             ServerEvent::Closed => {
                 stream.write_all(&hs.take_output()).await?;
@@ -174,22 +208,31 @@ where
                 info!(conn = conn.id, ?ids, "fence complete");
                 hs.fence_done(Ok(()));
             }
-            ServerEvent::StartTls => return Err(ConnError::TlsUnavailable),
+            ServerEvent::StartTls => {
+                stream.write_all(&hs.take_output()).await?;
+                stream.flush().await?;
+                // The client must wait for the ACK before starting TLS.
+                if !buf.is_empty() {
+                    return Err(ConnError::DataBeforeTls);
+                }
+                let acceptor = ctx.tls.clone().expect("StartTls only in TLS mode");
+                let tls = acceptor.accept(stream).await.map_err(ConnError::Tls)?;
+                debug!(conn = conn.id, "TLS established");
+                stream = Box::new(tls);
+                hs.tls_established();
+            }
         }
     }
 }
 
-async fn transmission<S>(
-    stream: S,
+async fn transmission(
+    stream: Box<dyn Stream>,
     leftover: BytesMut,
     session: Session,
     export: Arc<Export>,
     conn: &Arc<Conn>,
     ctx: &ConnCtx,
-) -> Result<(), ConnError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+) -> Result<(), ConnError> {
     let (rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let writer = tokio::spawn(write_loop(wr, rx));
@@ -209,6 +252,7 @@ where
             requests: Arc::new(Semaphore::new(ctx.limits.max_requests)),
             bytes: Arc::new(Semaphore::new(ctx.limits.max_bytes.div_ceil(UNIT))),
             max_bytes_units: ctx.limits.max_bytes.div_ceil(UNIT),
+            idle_timeout: ctx.limits.idle_timeout,
         },
         ctx.shutdown.clone(),
     ));
@@ -264,6 +308,7 @@ struct Reader {
     requests: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_bytes_units: usize,
+    idle_timeout: Option<Duration>,
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(
@@ -275,6 +320,19 @@ async fn read_loop<R: AsyncRead + Unpin>(
     buf.reserve(64 * 1024);
     loop {
         while buf.len() < REQUEST_HEADER_LEN {
+            let idle = async {
+                match r.idle_timeout {
+                    // Idle means nothing in flight: a client waiting for
+                    // slow replies is not idle.
+                    Some(t) => loop {
+                        tokio::time::sleep(t).await;
+                        if r.conn.inflight() == 0 {
+                            return t;
+                        }
+                    },
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 n = rd.read_buf(&mut buf) => {
                     if n? == 0 {
@@ -282,6 +340,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     }
                 }
                 _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+                t = idle => return Err(ConnError::Idle(t)),
             }
         }
         let header: [u8; REQUEST_HEADER_LEN] = buf[..REQUEST_HEADER_LEN]
