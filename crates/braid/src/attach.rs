@@ -151,6 +151,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
+        let signals = crate::serve::Signals::install()?;
         let mut attached = Vec::new();
         let mut exports = Vec::new();
         for (spec, cfg) in specs.iter().zip(configs) {
@@ -210,11 +211,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         for a in attached.iter() {
             print_usage(a);
         }
-        let stop = target.stop_handle();
-        tokio::spawn(async move {
-            crate::serve::wait_for_signal().await;
-            stop.stop();
-        });
+        tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         target.run().await.context("flushing at exit")?;
         for a in attached.iter() {
             a.volume.close().await;

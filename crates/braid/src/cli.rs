@@ -390,6 +390,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "128M")]
     pub max_inflight_per_connection: String,
 
+    /// Payload bytes in flight on the whole server, across connections
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    pub max_inflight_total: String,
+
     /// Seconds a client has to finish the handshake
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub handshake_timeout: f64,

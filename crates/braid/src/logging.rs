@@ -24,6 +24,10 @@ pub fn init(verbose: u8, quiet: u8, quiet_target: bool) {
         EnvFilter::new(format!("{level},braid_target={target}"))
     });
     tracing_subscriber::fmt()
+        // A closed log pipe must not stop the server: the subscriber's own
+        // report of a failed write would panic on EPIPE in whichever task
+        // was logging. Lost log lines are the lesser harm.
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_target(false)
         .with_writer(std::io::stderr)

@@ -13,7 +13,7 @@ use braid_target::identity::{default_state_dir, IdentityStore};
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
 use braid_target::source::{format_size, parse_size, ExportSpec, Source};
 use braid_target::{Export, Exports, Limits, Target};
-use tracing::{info, warn};
+use tracing::info;
 use uuid::Uuid;
 
 use crate::cli::{ServeArgs, UsageError};
@@ -149,6 +149,17 @@ impl ServeConfig {
                  32M (one maximum request)",
             ));
         }
+        let total = parse_size(&args.max_inflight_total).map_err(|e| {
+            usage(format!(
+                "--max-inflight-total {:?}: {e}",
+                args.max_inflight_total
+            ))
+        })?;
+        if total < inflight {
+            return Err(usage(
+                "--max-inflight-total must be at least --max-inflight-per-connection",
+            ));
+        }
         let handshake = secs(args.handshake_timeout, "--handshake-timeout")?;
         if handshake.is_zero() {
             return Err(usage("--handshake-timeout must be more than 0"));
@@ -159,6 +170,7 @@ impl ServeConfig {
             idle_timeout: (!idle.is_zero()).then_some(idle),
             max_requests: args.max_requests_per_connection,
             max_bytes: inflight as usize,
+            max_total_bytes: total as usize,
             max_connections: args.max_connections,
             max_connections_per_client: args.max_connections_per_client,
         };
@@ -201,6 +213,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        let signals = Signals::install()?;
         let mut target = Target::bind(exports, &portals, cfg.limits.clone())?;
         if let Some((cert, key, ca)) = &cfg.tls {
             target.set_tls(crate::tls::server(cert, key, ca.as_deref())?);
@@ -250,29 +263,42 @@ pub fn run(args: ServeArgs) -> Result<()> {
             &cfg.control,
             handler(registry, target.exports(), portals_shown, rates),
         )?;
-        let stop = target.stop_handle();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            stop.stop();
-        });
+        tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         target.run().await.context("flushing exports at exit")?;
         info!("stopped");
         anyhow::Ok(())
     })
 }
 
-pub async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        warn!("cannot install signal handlers; stop braid with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => info!("SIGINT: stopping"),
-        _ = term.recv() => info!("SIGTERM: stopping"),
+/// SIGINT and SIGTERM, caught from the moment this is made: install it
+/// before anything that takes time, so an early signal still stops braid
+/// cleanly instead of killing it.
+pub struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// # Errors
+    ///
+    /// The handlers cannot be installed.
+    pub fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+            term: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+        })
+    }
+
+    /// Waits for either signal, then stops `stop` (before logging, so a
+    /// logging failure cannot keep braid running).
+    pub async fn stop_on_signal(mut self, stop: braid_target::StopHandle) {
+        let which = tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
+        };
+        stop.stop();
+        info!("{which}: stopping");
     }
 }
 

@@ -124,6 +124,11 @@ impl Request {
                 }
             }
             Command::Trim | Command::WriteZeroes => {
+                // Read-only first: such exports never offer TRIM or ZERO,
+                // and the spec (like nbdkit) answers writes with EPERM.
+                if flags.read_only() {
+                    return Err(Errno::Perm);
+                }
                 let supported = if self.command == Command::Trim {
                     TransmissionFlags::SEND_TRIM
                 } else {
@@ -136,9 +141,6 @@ impl Request {
                     && !flags.has(TransmissionFlags::SEND_FAST_ZERO)
                 {
                     return Err(Errno::Inval);
-                }
-                if flags.read_only() {
-                    return Err(Errno::Perm);
                 }
                 if !aligned {
                     return Err(Errno::Inval);
@@ -313,6 +315,8 @@ mod tests {
     fn read_only_exports_refuse_writes_with_eperm() {
         let mut c = ctx();
         c.flags.0 |= TransmissionFlags::READ_ONLY;
+        // As a read-only export is offered: without TRIM and ZERO.
+        c.flags.0 &= !(TransmissionFlags::SEND_TRIM | TransmissionFlags::SEND_WRITE_ZEROES);
         for cmd in [Command::Write, Command::Trim, Command::WriteZeroes] {
             assert_eq!(req(cmd, 0, 1).validate(&c), Err(Errno::Perm), "{cmd:?}");
         }

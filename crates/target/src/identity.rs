@@ -2,7 +2,8 @@
 //! export's data, like a LUN's WWID.
 //!
 //! An identity is made once per source and kept in `<state dir>/identities`
-//! (one `uuid<TAB>source path` line each), so it survives restarts and
+//! (one `uuid<TAB>source path` line each, the path with `\`, tab and
+//! newline escaped), so it survives restarts and
 //! follows the data rather than the export name: serving the same file under
 //! another name, or from the same host after a reboot, keeps its identity.
 //! Memory volumes get a fresh identity each run, as their data does not
@@ -41,7 +42,7 @@ impl IdentityStore {
                     }
                     let parsed = line
                         .split_once('\t')
-                        .and_then(|(id, src)| Some((Uuid::parse_str(id).ok()?, src.to_owned())));
+                        .and_then(|(id, src)| Some((Uuid::parse_str(id).ok()?, unescape(src)?)));
                     match parsed {
                         Some(entry) => entries.push(entry),
                         None => {
@@ -105,11 +106,46 @@ impl IdentityStore {
             "# braid volume identities: uuid<TAB>source. Keep with the data's host."
         )?;
         for (id, key) in &self.entries {
-            writeln!(f, "{id}\t{key}")?;
+            writeln!(f, "{id}\t{}", escape(key))?;
         }
         f.sync_all()?;
         fs::rename(&tmp, &self.file)
     }
+}
+
+/// Paths may hold any byte but NUL; the file is line-based, so the line
+/// and field separators (and the escape itself) are written escaped.
+fn escape(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn unescape(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        out.push(match chars.next()? {
+            '\\' => '\\',
+            'n' => '\n',
+            't' => '\t',
+            'r' => '\r',
+            _ => return None,
+        });
+    }
+    Some(out)
 }
 
 fn canonical_key(path: &Path) -> String {
@@ -164,6 +200,23 @@ mod tests {
                 .unwrap(),
             chosen
         );
+    }
+
+    #[test]
+    fn odd_file_names_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a\nb\tc\\d.img");
+        fs::write(&odd, b"").unwrap();
+        let mut store = IdentityStore::open(dir.path()).unwrap();
+        let id = store.identity(&odd).unwrap();
+        let plain = dir.path().join("plain.img");
+        fs::write(&plain, b"").unwrap();
+        let other = store.identity(&plain).unwrap();
+        let mut again = IdentityStore::open(dir.path()).unwrap();
+        assert_eq!(again.identity(&odd).unwrap(), id);
+        assert_eq!(again.identity(&plain).unwrap(), other);
+        assert_eq!(unescape(&escape("x\\n\n")).as_deref(), Some("x\\n\n"));
+        assert_eq!(unescape("bad\\q"), None);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::registry::Registry;
 
 /// How long a stopping server waits for connections to finish their
 /// in-flight requests before it flushes and exits anyway.
-const STOP_GRACE: Duration = Duration::from_secs(30);
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A target with its portals bound, ready to [`Target::run`].
 pub struct Target {
@@ -137,6 +137,9 @@ impl Target {
             limits: self.limits.clone(),
             shutdown: self.stop_tx.subscribe(),
             tls: self.tls.clone(),
+            budget: Arc::new(tokio::sync::Semaphore::new(
+                self.limits.max_total_bytes.div_ceil(4096),
+            )),
         };
         let mut accepting = JoinSet::new();
         for (name, listener) in self.listeners {

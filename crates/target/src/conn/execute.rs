@@ -94,6 +94,11 @@ fn io_error(what: &str, offset: u64, e: &io::Error) -> (Errno, String) {
 }
 
 fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Vec<u8>) -> Reply {
+    if data.is_empty() {
+        // A data chunk must carry at least one byte (spec: OFFSET_DATA
+        // length at least 9): an empty read is answered with success alone.
+        return ok_reply(style, cookie);
+    }
     let mut head = Vec::with_capacity(28);
     if style.structured {
         // One data chunk with DONE: nothing can fail after the read.

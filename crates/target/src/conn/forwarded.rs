@@ -46,6 +46,9 @@ fn read(style: &ReplyStyle, req: &Request, data: Vec<(u64, Bytes)>) -> Reply {
             "the volume returned a short read",
         );
     }
+    if req.length == 0 {
+        return ok_reply(style, req.cookie);
+    }
     let one_chunk = !style.structured || req.flags.has(CmdFlags::DF) || data.len() <= 1;
     let mut parts = Vec::with_capacity(data.len() * 2);
     if one_chunk {

@@ -43,6 +43,8 @@ pub struct Limits {
     /// Payload bytes in flight per connection (WRITE data read, READ data
     /// not yet sent); beyond it the reader waits.
     pub max_bytes: usize,
+    /// Payload bytes in flight on the whole server, across connections.
+    pub max_total_bytes: usize,
     /// Connections at once, in total; more are closed at accept.
     pub max_connections: usize,
     /// Connections at once from one client address.
@@ -56,6 +58,7 @@ impl Default for Limits {
             idle_timeout: None,
             max_requests: 256,
             max_bytes: 128 << 20,
+            max_total_bytes: 1 << 30,
             max_connections: 1024,
             max_connections_per_client: 128,
         }
@@ -103,6 +106,8 @@ pub(crate) struct ConnCtx {
     pub shutdown: watch::Receiver<bool>,
     /// With TLS configured, nothing is served before STARTTLS (FORCEDTLS).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Payload bytes in flight on the whole server, in 4 KiB units.
+    pub budget: Arc<Semaphore>,
 }
 
 /// Serves one connection to its end, then removes it from the registry.
@@ -252,6 +257,8 @@ async fn transmission(
             requests: Arc::new(Semaphore::new(ctx.limits.max_requests)),
             bytes: Arc::new(Semaphore::new(ctx.limits.max_bytes.div_ceil(UNIT))),
             max_bytes_units: ctx.limits.max_bytes.div_ceil(UNIT),
+            global: ctx.budget.clone(),
+            global_units: ctx.limits.max_total_bytes.div_ceil(UNIT) as u32,
             idle_timeout: ctx.limits.idle_timeout,
         },
         ctx.shutdown.clone(),
@@ -273,11 +280,19 @@ async fn transmission(
     read_result
 }
 
+/// What a request holds while in flight: a request slot, and its payload
+/// bytes on the connection's and on the server's budget.
+pub(crate) struct Permits {
+    _request: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+    _global: Option<OwnedSemaphorePermit>,
+}
+
 /// A reply and the permits it holds until it is on the socket, so a client
 /// that stops reading replies stops being read from.
 pub(crate) struct Outgoing {
     reply: Reply,
-    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    _permits: Permits,
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(
@@ -308,6 +323,8 @@ struct Reader {
     requests: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     max_bytes_units: usize,
+    global: Arc<Semaphore>,
+    global_units: u32,
     idle_timeout: Option<Duration>,
 }
 
@@ -369,23 +386,38 @@ async fn read_loop<R: AsyncRead + Unpin>(
             .acquire_owned()
             .await
             .expect("never closed");
-        let byte_permit = if moves_data && units > 0 {
-            Some(
-                r.bytes
-                    .clone()
-                    .acquire_many_owned(units as u32)
-                    .await
-                    .expect("never closed"),
-            )
+        let (byte_permit, global_permit) = if moves_data && units > 0 {
+            let conn = r
+                .bytes
+                .clone()
+                .acquire_many_owned(units as u32)
+                .await
+                .expect("never closed");
+            // The server-wide budget bounds memory across connections too.
+            let global = r
+                .global
+                .clone()
+                .acquire_many_owned((units as u32).min(r.global_units))
+                .await
+                .expect("never closed");
+            (Some(conn), Some(global))
         } else {
-            None
+            (None, None)
         };
         let payload = if req.command == Command::Write {
             Some(read_payload(&mut rd, &mut buf, req.length as usize).await?)
         } else {
             None
         };
-        r.dispatch(req, payload, (req_permit, byte_permit));
+        r.dispatch(
+            req,
+            payload,
+            Permits {
+                _request: req_permit,
+                _bytes: byte_permit,
+                _global: global_permit,
+            },
+        );
     }
 }
 
@@ -411,16 +443,15 @@ impl Reader {
         );
         let _ = self.tx.send(Outgoing {
             reply: error_reply(&self.style, req.cookie, errno, &msg),
-            _permits: (permit, None),
+            _permits: Permits {
+                _request: permit,
+                _bytes: None,
+                _global: None,
+            },
         });
     }
 
-    fn dispatch(
-        &self,
-        req: Request,
-        payload: Option<Vec<u8>>,
-        permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
-    ) {
+    fn dispatch(&self, req: Request, payload: Option<Vec<u8>>, permits: Permits) {
         let conn = &self.conn;
         conn.begin();
         if let Storage::Forwarded(fwd) = &self.export.storage {
@@ -487,7 +518,7 @@ impl Reader {
         &self,
         req: Request,
         payload: Option<Vec<u8>>,
-        permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+        permits: Permits,
     ) -> impl FnOnce() + Send + 'static {
         let conn = self.conn.clone();
         let export = self.export.clone();
@@ -538,16 +569,26 @@ async fn read_payload<R: AsyncRead + Unpin>(
     buf: &mut BytesMut,
     len: usize,
 ) -> std::io::Result<Vec<u8>> {
-    let mut payload = Vec::with_capacity(len);
     let have = buf.len().min(len);
+    // Memory grows with the data that arrives, not with the length the
+    // header claims: a header alone costs at most one step.
+    let mut payload = Vec::with_capacity(len.min(have + PAYLOAD_STEP));
     payload.extend_from_slice(&buf[..have]);
     buf.advance(have);
-    if payload.len() < len {
-        payload.resize(len, 0);
-        rd.read_exact(&mut payload[have..]).await?;
+    while payload.len() < len {
+        let want = (len - payload.len()).min(PAYLOAD_STEP);
+        payload.reserve(want);
+        // Into the reserved spare capacity: no reallocation, no copy.
+        let n = (&mut *rd).take(want as u64).read_buf(&mut payload).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
     }
     Ok(payload)
 }
+
+/// WRITE payloads are read (and their memory taken) this much at a time.
+const PAYLOAD_STEP: usize = 4 << 20;
 
 async fn discard<R: AsyncRead + Unpin>(
     rd: &mut R,

@@ -1,0 +1,289 @@
+//! The multipath initiator end to end on loopback: `braid serve` with two
+//! portals (127.0.0.1 and 127.0.0.2), `braid copy` and `braid bench` over
+//! both with every policy, the same against nbdkit with explicit portals,
+//! and two different volumes offered as one refused.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::{cmd, output, random_file, run, sha256, tool, ChildGuard, Serve};
+
+const POLICIES: [&str; 9] = [
+    "adaptive",
+    "failover",
+    "round-robin",
+    "round-robin-subset",
+    "least-queue-depth",
+    "least-blocks",
+    "weighted",
+    "service-time",
+    "historical-service-time",
+];
+
+fn braid() -> std::process::Command {
+    cmd(env!("CARGO_BIN_EXE_braid"))
+}
+
+fn two_portals(export: &str) -> Serve {
+    Serve::start(&["--listen", "127.0.0.1:0", "--listen", "127.0.0.2:0", export])
+}
+
+/// `path N (...): 12 MiB (48.3%)` lines of a copy summary, as percentages.
+fn shares(out: &Output) -> Vec<f64> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("path "))
+        .filter_map(|l| {
+            let pct = l.rsplit('(').next()?.trim_end_matches(['%', ')']);
+            pct.parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn copy_in_and_out_with_every_policy_is_byte_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = random_file(dir.path(), 256 << 20, 1);
+    let want = sha256(&src);
+    let serve = two_portals("vol=mem:256MiB");
+    let uri = serve.uri("vol");
+    for policy in POLICIES {
+        let out_file = dir.path().join(format!("out-{policy}.img"));
+        let copy_in = run(braid()
+            .args(["copy", "--policy", policy])
+            .arg(&src)
+            .arg(&uri));
+        let copy_out = run(braid()
+            .args(["copy", "--policy", policy, &uri])
+            .arg(&out_file));
+        assert_eq!(
+            sha256(&out_file),
+            want,
+            "{policy}: bytes differ after the round trip"
+        );
+        std::fs::remove_file(&out_file).unwrap();
+        for (what, out) in [("in", &copy_in), ("out", &copy_out)] {
+            let s = shares(out);
+            assert_eq!(
+                s.len(),
+                2,
+                "{policy} copy {what}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            if policy == "failover" {
+                assert!(s.contains(&0.0), "failover used its standby: {s:?}");
+            } else {
+                assert!(
+                    s.iter().all(|p| *p > 0.0),
+                    "{policy} copy {what} left a path idle: {s:?}"
+                );
+            }
+        }
+    }
+}
+
+fn bench_json(uri: &str, extra: &[&str]) -> serde_json::Value {
+    let out = run(braid().args(["bench", uri, "--json"]).args(extra));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench output is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn path_bytes(j: &serde_json::Value) -> Vec<u64> {
+    j["paths"]
+        .as_array()
+        .expect("paths array")
+        .iter()
+        .map(|p| p["bytes"].as_u64().expect("bytes"))
+        .collect()
+}
+
+#[test]
+fn bench_with_every_policy_verifies_and_uses_each_path() {
+    let serve = two_portals("vol=mem:256MiB");
+    let uri = serve.uri("vol");
+    for policy in POLICIES {
+        let j = bench_json(
+            &uri,
+            &[
+                "--policy",
+                policy,
+                "--rw",
+                "randrw",
+                "--bs",
+                "256K",
+                "--iodepth",
+                "8",
+                "--time",
+                "1",
+                "--size",
+                "64M",
+                "--verify",
+            ],
+        );
+        assert_eq!(j["errors"], 0, "{policy}: {j}");
+        assert_eq!(j["verify_errors"], 0, "{policy}: {j}");
+        assert!(j["iops"].as_f64().unwrap() > 0.0, "{policy}: {j}");
+        for key in ["p50", "p99", "p999"] {
+            assert!(
+                j["lat_us"][key].as_u64().is_some(),
+                "{policy}: lat_us.{key}"
+            );
+        }
+        let bytes = path_bytes(&j);
+        assert_eq!(bytes.len(), 2);
+        if policy == "failover" {
+            assert!(bytes.contains(&0), "failover used its standby: {bytes:?}");
+        } else {
+            assert!(
+                bytes.iter().all(|b| *b > 0),
+                "{policy} left a path idle: {bytes:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sequential_read_at_depth_one_uses_both_paths() {
+    let serve = two_portals("vol=mem:128MiB");
+    let uri = serve.uri("vol");
+    let j = bench_json(
+        &uri,
+        &[
+            "--rw",
+            "read",
+            "--bs",
+            "1M",
+            "--iodepth",
+            "1",
+            "--time",
+            "2",
+        ],
+    );
+    let bytes = path_bytes(&j);
+    assert!(bytes.iter().all(|b| *b > 0), "a path carried nothing: {j}");
+    for p in j["paths"].as_array().unwrap() {
+        for key in ["local", "portal", "mib_per_s", "iops", "bytes"] {
+            assert!(!p[key].is_null(), "paths[].{key} missing: {p}");
+        }
+    }
+    let j = bench_json(
+        &uri,
+        &[
+            "--rw",
+            "randrw",
+            "--bs",
+            "4K",
+            "--iodepth",
+            "16",
+            "--time",
+            "2",
+            "--verify",
+        ],
+    );
+    assert_eq!(j["verify_errors"], 0, "{j}");
+    assert_eq!(j["errors"], 0, "{j}");
+}
+
+fn free_port(ip: &str) -> u16 {
+    TcpListener::bind((ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_listening(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listening on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn nbdkit_file(ip: &str, file: &Path) -> (ChildGuard, SocketAddr) {
+    let port = free_port(ip);
+    let guard = ChildGuard::spawn(
+        cmd("nbdkit")
+            .args(["-f", "-i", ip, "-p", &port.to_string(), "file"])
+            .arg(format!("file={}", file.display())),
+    );
+    let addr: SocketAddr = format!("{ip}:{port}").parse().unwrap();
+    wait_listening(addr);
+    (guard, addr)
+}
+
+#[test]
+fn plain_nbd_server_with_explicit_portals() {
+    if !tool("nbdkit") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    // Two nbdkit processes on one file: one page cache, so a flush on
+    // either covers both, which is what nbdkit's CAN_MULTI_CONN promises.
+    let (_a, pa) = nbdkit_file("127.0.0.1", &disk);
+    let (_b, pb) = nbdkit_file("127.0.0.2", &disk);
+    let src = random_file(dir.path(), 64 << 20, 2);
+    let uri = format!("nbd://{pa}/");
+    let portals = ["--portal", &pa.to_string(), "--portal", &pb.to_string()];
+    for policy in ["adaptive", "round-robin", "failover"] {
+        let back = dir.path().join(format!("back-{policy}.img"));
+        let copy_in = run(braid()
+            .args(["copy", "--policy", policy])
+            .args(portals)
+            .arg(&src)
+            .arg(&uri));
+        run(braid()
+            .args(["copy", "--policy", policy])
+            .args(portals)
+            .arg(&uri)
+            .arg(&back));
+        assert_eq!(sha256(&back), sha256(&src), "{policy}");
+        let s = shares(&copy_in);
+        if policy == "failover" {
+            assert!(s.contains(&0.0), "{s:?}");
+        } else {
+            assert!(
+                s.iter().all(|p| *p > 0.0),
+                "{policy} left a path idle: {s:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn two_different_volumes_are_refused_as_one() {
+    let a = Serve::start(&["--listen", "127.0.0.1:0", "vol=mem:16MiB"]);
+    let b = Serve::start(&["--listen", "127.0.0.2:0", "vol=mem:16MiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let src = random_file(dir.path(), 1 << 20, 3);
+    let out = output(
+        braid()
+            .arg("copy")
+            .arg(&src)
+            .arg(a.uri("vol"))
+            .args(["--portal", &a.addr().to_string()])
+            .args(["--portal", &b.addr().to_string()]),
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (ia, ib) = (a.logged_volume("vol"), b.logged_volume("vol"));
+    assert!(
+        err.contains(&ia) && err.contains(&ib),
+        "the message should name both identities ({ia}, {ib}): {err}"
+    );
+    assert!(err.contains("not the same volume"), "{err}");
+}
