@@ -185,9 +185,19 @@ impl Volume {
                 )),
                 (None, false) => None,
             };
+        // Ask from the first local binding that reaches the portal (an
+        // allow-list may admit only the addresses paths are bound to).
+        let first_local = match &cfg.uri.endpoint {
+            Endpoint::Tcp(_) => discover::pair(&locals, std::slice::from_ref(&cfg.uri.endpoint))
+                .into_iter()
+                .next()
+                .map(|p| p.local)
+                .unwrap_or_default(),
+            Endpoint::Unix(_) => Default::default(),
+        };
         let d = discover::discover(
             &cfg.uri.endpoint,
-            &Default::default(),
+            &first_local,
             &cfg.uri.export,
             cfg.connect_timeout,
             tls.as_ref(),
