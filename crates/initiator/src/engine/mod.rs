@@ -22,6 +22,8 @@
 //!   acknowledge.
 
 pub mod path;
+#[cfg(test)]
+mod sim;
 pub mod stats;
 #[cfg(test)]
 mod tests;
@@ -542,6 +544,11 @@ impl Engine {
         }
         p.state = PathState::Failed;
         p.counters.failures += 1;
+        // Chunks placed on this path earlier in the same call have not
+        // reached the driver yet: they must not go out at all (they are
+        // collected below with the rest of the path's chunks).
+        self.actions
+            .retain(|a| !matches!(a, Action::Send(s) if s.path == path));
         let server_ids: Vec<u64> = p.conns.iter().filter_map(|c| c.server_id).collect();
         let fencing = p.fencing;
         p.reset_conns();
