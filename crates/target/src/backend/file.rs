@@ -27,6 +27,10 @@ pub struct FileBackend {
     size: u64,
     block_device: bool,
     rotational: bool,
+    /// `preadv2(RWF_NOWAIT)` is not supported for this file.
+    no_nowait: std::sync::atomic::AtomicBool,
+    /// The file lives in memory (tmpfs, ramfs): calls never wait for a disk.
+    in_memory: bool,
 }
 
 impl FileBackend {
@@ -53,12 +57,15 @@ impl FileBackend {
         // Works for block devices too, where metadata().len() is 0.
         let size = file.seek(SeekFrom::End(0))?;
         let rotational = block_device && rotational(path);
+        let in_memory = !block_device && in_memory(&file);
         Ok(Self {
             file,
             path: path.to_owned(),
             size,
             block_device,
             rotational,
+            no_nowait: std::sync::atomic::AtomicBool::new(false),
+            in_memory,
         })
     }
 
@@ -118,6 +125,23 @@ fn unsupported(e: &io::Error) -> bool {
     )
 }
 
+/// Whether the file is on tmpfs or ramfs, where reads and writes are
+/// memory copies and handing them to a blocking thread costs more than
+/// doing them.
+fn in_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: libc::__fsword_t = 0x0102_1994;
+    const RAMFS_MAGIC: libc::__fsword_t = 0x8584_58f6;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs fills the struct on success; it is read only then.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: rc == 0, so the struct was filled.
+    let kind = unsafe { st.assume_init() }.f_type;
+    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+}
+
 /// Reads `/sys/class/block/<dev>/queue/rotational` for a device node.
 fn rotational(path: &Path) -> bool {
     let Ok(real) = std::fs::canonicalize(path) else {
@@ -146,11 +170,48 @@ impl Backend for FileBackend {
     }
 
     fn blocking(&self) -> bool {
-        true
+        !self.in_memory
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
+    }
+
+    fn try_read_now(&self, buf: &mut [u8], offset: u64) -> Option<io::Result<()>> {
+        if self.no_nowait.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: one iovec over `buf`, which outlives the call; RWF_NOWAIT
+        // makes the kernel return EAGAIN rather than wait for the disk.
+        let n = unsafe {
+            libc::preadv2(
+                self.file.as_raw_fd(),
+                &iov,
+                1,
+                offset as libc::off_t,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n == buf.len() as isize {
+            return Some(Ok(()));
+        }
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+            ) {
+                // Not supported here: stop trying.
+                self.no_nowait
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        // EAGAIN, or only part was cached: the blocking path reads it all.
+        None
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
@@ -340,6 +401,18 @@ mod tests {
         b.zero(0, 8192, true, false, false).unwrap();
         b.read_at(&mut buf, 0).unwrap();
         assert!(buf.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn cached_reads_are_served_without_blocking() {
+        let (_f, b) = sparse(1 << 20);
+        b.write_at(b"cached", 100, false).unwrap();
+        let mut buf = [0u8; 6];
+        // Kernels or file systems without RWF_NOWAIT say so by None.
+        if let Some(r) = b.try_read_now(&mut buf, 100) {
+            r.unwrap();
+            assert_eq!(&buf, b"cached");
+        }
     }
 
     #[test]

@@ -65,6 +65,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The OS error, mapped to an NBD error by the caller.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 
+    /// Fills `buf` from `offset` only if that cannot block (the data is in
+    /// memory); `None` means "could block, use [`Self::read_at`] on a
+    /// blocking thread". Lets a blocking backend serve cached reads
+    /// without handing them to another thread.
+    fn try_read_now(&self, _buf: &mut [u8], _offset: u64) -> Option<io::Result<()>> {
+        None
+    }
+
     /// Writes `buf` at `offset`; with `fua`, returns only once it is stable.
     ///
     /// # Errors

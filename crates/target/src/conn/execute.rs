@@ -9,6 +9,7 @@ use std::io;
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
 use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
 
+use braid_pool::{Buf, Pool};
 use bytes::Bytes;
 
 use crate::backend::{Backend, ZeroError};
@@ -29,27 +30,47 @@ pub(crate) struct ReplyStyle {
     pub contexts: Vec<SelectedContext>,
 }
 
+/// A READ answered at once if the backend has the data in memory; `None`
+/// if it would have to wait (then [`execute`] runs on a blocking thread).
+pub(crate) fn try_read_now(
+    backend: &dyn Backend,
+    style: &ReplyStyle,
+    req: &Request,
+) -> Option<Reply> {
+    if req.command != Command::Read || req.length == 0 {
+        return None;
+    }
+    let mut buf = Pool::global().get(req.length as usize);
+    match backend.try_read_now(&mut buf, req.offset)? {
+        Ok(()) => Some(read_reply(style, req.cookie, req.offset, buf)),
+        Err(e) => {
+            let (errno, message) = io_error("read", req.offset, &e);
+            Some(error_reply(style, req.cookie, errno, &message))
+        }
+    }
+}
+
 /// Performs `req` and returns its reply. `payload` is the WRITE data.
 pub(crate) fn execute(
     backend: &dyn Backend,
     style: &ReplyStyle,
     req: &Request,
-    payload: Option<Vec<u8>>,
+    payload: Option<Buf>,
 ) -> Reply {
     let fua = req.flags.fua();
     let (offset, len) = (req.offset, u64::from(req.length));
     let result: Result<Option<Reply>, (Errno, String)> = match req.command {
         Command::Read => {
-            let mut buf = vec![0u8; req.length as usize];
+            let mut buf = Pool::global().get(req.length as usize);
             match backend.read_at(&mut buf, offset) {
                 Ok(()) => Ok(Some(read_reply(style, req.cookie, offset, buf))),
                 Err(e) => Err(io_error("read", offset, &e)),
             }
         }
         Command::Write => {
-            let data = payload.unwrap_or_default();
+            let data: &[u8] = payload.as_deref().unwrap_or_default();
             backend
-                .write_at(&data, offset, fua)
+                .write_at(data, offset, fua)
                 .map(|()| None)
                 .map_err(|e| io_error("write", offset, &e))
         }
@@ -93,7 +114,7 @@ fn io_error(what: &str, offset: u64, e: &io::Error) -> (Errno, String) {
     (errno, format!("{what} at offset {offset}: {e}"))
 }
 
-fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Vec<u8>) -> Reply {
+fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Reply {
     if data.is_empty() {
         // A data chunk must carry at least one byte (spec: OFFSET_DATA
         // length at least 9): an empty read is answered with success alone.
@@ -107,7 +128,7 @@ fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Vec<u8>) ->
         encode::simple(&mut head, cookie, None);
     }
     Reply {
-        parts: vec![Bytes::from(head), Bytes::from(data)],
+        parts: vec![Bytes::from(head), data.into_bytes()],
         ok: true,
     }
 }
@@ -237,6 +258,12 @@ mod tests {
     use braid_proto::reply::ReplyHeader;
     use braid_proto::wire::state;
 
+    fn pooled(data: &[u8]) -> Buf {
+        let mut b = Pool::global().get(data.len());
+        b.copy_from_slice(data);
+        b
+    }
+
     fn style(structured: bool, contexts: Vec<SelectedContext>) -> ReplyStyle {
         ReplyStyle {
             structured,
@@ -305,7 +332,7 @@ mod tests {
         let m = MemBackend::new(1 << 20);
         for structured in [true, false] {
             let s = style(structured, vec![]);
-            let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(b"abc".to_vec()));
+            let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(pooled(b"abc")));
             assert_eq!(w.parts.len(), 1);
             let r = execute(&m, &s, &req(Command::Read, 4, 5, 0), None);
             assert_eq!(&r.parts[1][..], &b"\0abc\0"[..]);

@@ -15,13 +15,14 @@ mod forwarded;
 use std::sync::Arc;
 use std::time::Duration;
 
+use braid_pool::{Buf, Pool};
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
     Command, Errno, ProtoError, Request, ServerConfig, ServerEvent, ServerHandshake, Session,
     TlsMode,
 };
-use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use bytes::{Buf as _, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info};
 
@@ -296,23 +297,33 @@ pub(crate) struct Outgoing {
 }
 
 async fn write_loop<W: AsyncWrite + Unpin>(
-    wr: W,
+    mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
-    let mut w = BufWriter::with_capacity(256 * 1024, wr);
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
     while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(out) = next {
-            for part in &out.reply.parts {
-                w.write_all(part).await?;
+        batch.push(first);
+        // Everything already waiting goes out in the same system call.
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(out) => batch.push(out),
+                Err(_) => break,
             }
-            next = rx.try_recv().ok();
         }
-        w.flush().await?;
+        let parts: Vec<&[u8]> = batch
+            .iter()
+            .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
+            .collect();
+        braid_pool::write_all_vectored(&mut wr, &parts).await?;
+        // Permits are released only now that the replies are on the wire.
+        batch.clear();
     }
-    w.shutdown().await.ok();
+    wr.shutdown().await.ok();
     Ok(())
 }
+
+/// Replies written per batch at most.
+const BATCH: usize = 64;
 
 struct Reader {
     style: ReplyStyle,
@@ -451,7 +462,7 @@ impl Reader {
         });
     }
 
-    fn dispatch(&self, req: Request, payload: Option<Vec<u8>>, permits: Permits) {
+    fn dispatch(&self, req: Request, payload: Option<Buf>, permits: Permits) {
         let conn = &self.conn;
         conn.begin();
         if let Storage::Forwarded(fwd) = &self.export.storage {
@@ -469,7 +480,7 @@ impl Reader {
                         // a correct answer (spec: status 0 is safe).
                         execute::block_status_reply(&style, &req, &[])
                     } else {
-                        let result = fwd.forward(&req, payload.map(bytes::Bytes::from)).await;
+                        let result = fwd.forward(&req, payload.map(Buf::into_bytes)).await;
                         forwarded::reply(&style, &req, result)
                     };
                     count(&conn, &req, &reply);
@@ -498,6 +509,20 @@ impl Reader {
             });
             return;
         }
+        if let (true, Storage::Local(backend)) = (self.blocking(), &self.export.storage) {
+            // Cached data needs no blocking thread: answer it here.
+            if !conn.fenced() {
+                if let Some(reply) = execute::try_read_now(backend.as_ref(), &self.style, &req) {
+                    count(conn, &req, &reply);
+                    let _ = self.tx.send(Outgoing {
+                        reply,
+                        _permits: permits,
+                    });
+                    conn.end();
+                    return;
+                }
+            }
+        }
         let job = self.job(req, payload, permits);
         if self.blocking() {
             tokio::task::spawn_blocking(job);
@@ -517,7 +542,7 @@ impl Reader {
     fn job(
         &self,
         req: Request,
-        payload: Option<Vec<u8>>,
+        payload: Option<Buf>,
         permits: Permits,
     ) -> impl FnOnce() + Send + 'static {
         let conn = self.conn.clone();
@@ -568,27 +593,17 @@ async fn read_payload<R: AsyncRead + Unpin>(
     rd: &mut R,
     buf: &mut BytesMut,
     len: usize,
-) -> std::io::Result<Vec<u8>> {
+) -> std::io::Result<Buf> {
+    // The length was checked against the maximum payload and its bytes
+    // taken from the connection's and the server's budgets: the buffer is
+    // bounded before it is taken.
+    let mut payload = Pool::global().get(len);
     let have = buf.len().min(len);
-    // Memory grows with the data that arrives, not with the length the
-    // header claims: a header alone costs at most one step.
-    let mut payload = Vec::with_capacity(len.min(have + PAYLOAD_STEP));
-    payload.extend_from_slice(&buf[..have]);
+    payload[..have].copy_from_slice(&buf[..have]);
     buf.advance(have);
-    while payload.len() < len {
-        let want = (len - payload.len()).min(PAYLOAD_STEP);
-        payload.reserve(want);
-        // Into the reserved spare capacity: no reallocation, no copy.
-        let n = (&mut *rd).take(want as u64).read_buf(&mut payload).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
+    rd.read_exact(&mut payload[have..]).await?;
     Ok(payload)
 }
-
-/// WRITE payloads are read (and their memory taken) this much at a time.
-const PAYLOAD_STEP: usize = 4 << 20;
 
 async fn discard<R: AsyncRead + Unpin>(
     rd: &mut R,
