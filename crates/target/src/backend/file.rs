@@ -173,6 +173,13 @@ impl Backend for FileBackend {
         !self.in_memory
     }
 
+    fn zero_copy_fd(&self) -> Option<std::os::fd::RawFd> {
+        // Only in memory: sendfile from a disk file would wait for the disk
+        // on the writer's task, and a read error after the reply header
+        // could only end the connection.
+        self.in_memory.then(|| self.file.as_raw_fd())
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
     }

@@ -120,6 +120,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The OS error.
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>>;
 
+    /// A descriptor READ data can be sent from with `sendfile`, when reads
+    /// of it never fail and never wait (files in memory): then replies skip
+    /// the copy through user space.
+    fn zero_copy_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
     /// Prefetches a range; a hint.
     ///
     /// # Errors

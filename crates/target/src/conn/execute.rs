@@ -9,18 +9,30 @@ use std::io;
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
 use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
 
+use std::sync::Arc;
+
 use braid_pool::{Buf, Pool};
 use bytes::Bytes;
 
 use crate::backend::{Backend, ZeroError};
 
 /// A reply ready for the wire: its pieces (headers and READ data) in
-/// order, so data is never copied into a header buffer.
+/// order, so data is never copied into a header buffer; then, for replies
+/// sent with `sendfile`, the file range that follows them.
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub parts: Vec<Bytes>,
+    pub file: Option<FileData>,
     /// The request succeeded.
     pub ok: bool,
+}
+
+/// READ data to send straight from a file (see `Backend::zero_copy_fd`).
+#[derive(Debug)]
+pub(crate) struct FileData {
+    pub backend: Arc<dyn Backend>,
+    pub offset: u64,
+    pub len: usize,
 }
 
 /// What a connection negotiated that shapes its replies.
@@ -28,6 +40,8 @@ pub(crate) struct Reply {
 pub(crate) struct ReplyStyle {
     pub structured: bool,
     pub contexts: Vec<SelectedContext>,
+    /// The writer can `sendfile` (a plain socket, not TLS).
+    pub zero_copy: bool,
 }
 
 /// A READ answered at once if the backend has the data in memory; `None`
@@ -50,13 +64,40 @@ pub(crate) fn try_read_now(
     }
 }
 
+/// A READ whose data will be sent from the file by the writer.
+fn zero_copy_read(backend: &Arc<dyn Backend>, style: &ReplyStyle, req: &Request) -> Option<Reply> {
+    if req.command != Command::Read || req.length == 0 || !style.zero_copy {
+        return None;
+    }
+    backend.zero_copy_fd()?;
+    let mut head = Vec::with_capacity(28);
+    if style.structured {
+        encode::offset_data_header(&mut head, req.cookie, req.offset, req.length, true);
+    } else {
+        encode::simple(&mut head, req.cookie, None);
+    }
+    Some(Reply {
+        parts: vec![Bytes::from(head)],
+        file: Some(FileData {
+            backend: backend.clone(),
+            offset: req.offset,
+            len: req.length as usize,
+        }),
+        ok: true,
+    })
+}
+
 /// Performs `req` and returns its reply. `payload` is the WRITE data.
 pub(crate) fn execute(
-    backend: &dyn Backend,
+    backend: &Arc<dyn Backend>,
     style: &ReplyStyle,
     req: &Request,
     payload: Option<Buf>,
 ) -> Reply {
+    if let Some(reply) = zero_copy_read(backend, style, req) {
+        return reply;
+    }
+    let backend = backend.as_ref();
     let fua = req.flags.fua();
     let (offset, len) = (req.offset, u64::from(req.length));
     let result: Result<Option<Reply>, (Errno, String)> = match req.command {
@@ -129,6 +170,7 @@ fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Rep
     }
     Reply {
         parts: vec![Bytes::from(head), data.into_bytes()],
+        file: None,
         ok: true,
     }
 }
@@ -143,6 +185,7 @@ pub(crate) fn ok_reply(style: &ReplyStyle, cookie: Cookie) -> Reply {
     }
     Reply {
         parts: vec![Bytes::from(head)],
+        file: None,
         ok: true,
     }
 }
@@ -162,6 +205,7 @@ pub(crate) fn error_reply(
     }
     Reply {
         parts: vec![Bytes::from(head)],
+        file: None,
         ok: false,
     }
 }
@@ -215,6 +259,7 @@ pub(crate) fn block_status_reply(
     }
     Reply {
         parts: vec![Bytes::from(head)],
+        file: None,
         ok: true,
     }
 }
@@ -268,6 +313,7 @@ mod tests {
         ReplyStyle {
             structured,
             contexts,
+            zero_copy: false,
         }
     }
 
@@ -329,7 +375,7 @@ mod tests {
 
     #[test]
     fn write_then_read_structured_and_simple() {
-        let m = MemBackend::new(1 << 20);
+        let m: Arc<dyn Backend> = Arc::new(MemBackend::new(1 << 20));
         for structured in [true, false] {
             let s = style(structured, vec![]);
             let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(pooled(b"abc")));
@@ -352,7 +398,7 @@ mod tests {
 
     #[test]
     fn block_status_one_chunk_per_context_last_done() {
-        let m = MemBackend::new(1 << 20);
+        let m: Arc<dyn Backend> = Arc::new(MemBackend::new(1 << 20));
         m.write_at(&[1], 0, false).unwrap();
         let ctxs = vec![
             SelectedContext {
@@ -429,7 +475,7 @@ mod tests {
                 Ok(())
             }
         }
-        let b = Slow(MemBackend::new(100));
+        let b: Arc<dyn Backend> = Arc::new(Slow(MemBackend::new(100)));
         let r = execute(
             &b,
             &style(false, vec![]),

@@ -86,7 +86,11 @@ fn read(style: &ReplyStyle, req: &Request, data: Vec<(u64, Bytes)>) -> Reply {
             parts.push(piece);
         }
     }
-    Reply { parts, ok: true }
+    Reply {
+        parts,
+        file: None,
+        ok: true,
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +125,7 @@ mod tests {
         let style = ReplyStyle {
             structured: true,
             contexts: vec![],
+            zero_copy: false,
         };
         let r = read(&style, &req(0), pieces());
         assert_eq!(r.parts.len(), 4);
@@ -147,6 +152,7 @@ mod tests {
         let structured = ReplyStyle {
             structured: true,
             contexts: vec![],
+            zero_copy: false,
         };
         let r = read(&structured, &req(CmdFlags::DF), pieces());
         assert_eq!(r.parts.len(), 2);
@@ -154,6 +160,7 @@ mod tests {
         let simple = ReplyStyle {
             structured: false,
             contexts: vec![],
+            zero_copy: false,
         };
         let r = read(&simple, &req(0), pieces());
         assert_eq!(&flatten(&r)[16..], b"abcdef");
@@ -164,6 +171,7 @@ mod tests {
         let style = ReplyStyle {
             structured: true,
             contexts: vec![],
+            zero_copy: false,
         };
         let r = read(&style, &req(0), vec![(0, Bytes::from_static(b"abc"))]);
         assert!(!r.ok);

@@ -11,6 +11,7 @@
 
 mod execute;
 mod forwarded;
+mod sock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,8 +95,27 @@ pub enum ConnError {
 }
 
 /// A byte stream a connection runs over (TCP, unix socket, TLS).
-pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The socket's descriptor when bytes written to it go straight to the
+    /// peer (not through TLS), so replies can use `sendfile`.
+    fn socket_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+impl Stream for tokio::net::TcpStream {
+    fn socket_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
+    }
+}
+
+impl Stream for tokio::net::UnixStream {
+    fn socket_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
+    }
+}
+
+impl Stream for tokio_rustls::server::TlsStream<Box<dyn Stream>> {}
 
 /// What every connection of a server shares.
 #[derive(Clone)]
@@ -239,9 +259,16 @@ async fn transmission(
     conn: &Arc<Conn>,
     ctx: &ConnCtx,
 ) -> Result<(), ConnError> {
+    let sock = stream
+        .socket_fd()
+        .and_then(|fd| sock::SockWriter::new(fd).ok());
     let (rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-    let writer = tokio::spawn(write_loop(wr, rx));
+    let zero_copy = sock.is_some();
+    let writer = match sock {
+        Some(sock) => tokio::spawn(sock_write_loop(sock, wr, rx)),
+        None => tokio::spawn(write_loop(wr, rx)),
+    };
     conn.own(writer.abort_handle());
     let reader = tokio::spawn(read_loop(
         rd,
@@ -250,6 +277,7 @@ async fn transmission(
             style: ReplyStyle {
                 structured: session.structured,
                 contexts: session.contexts.clone(),
+                zero_copy,
             },
             negotiated: session.negotiated(),
             export,
@@ -319,6 +347,47 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         batch.clear();
     }
     wr.shutdown().await.ok();
+    Ok(())
+}
+
+/// The writer of a plain socket: `writev` for bytes, `sendfile` for file
+/// data. `_wr` is the stream's write half, kept (unused) so the stream is
+/// not shut down under the duplicate descriptor.
+async fn sock_write_loop<W>(
+    sock: sock::SockWriter,
+    _wr: W,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+) -> Result<(), ConnError> {
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(out) => batch.push(out),
+                Err(_) => break,
+            }
+        }
+        let mut start = 0;
+        while start < batch.len() {
+            // Bytes up to and including the next reply with file data go
+            // in one writev; then its file data, with sendfile.
+            let end = batch[start..]
+                .iter()
+                .position(|o| o.reply.file.is_some())
+                .map_or(batch.len(), |i| start + i + 1);
+            let parts: Vec<&[u8]> = batch[start..end]
+                .iter()
+                .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
+                .collect();
+            sock.writev(&parts).await?;
+            if let Some(file) = &batch[end - 1].reply.file {
+                sock.sendfile(file).await?;
+            }
+            start = end;
+        }
+        batch.clear();
+    }
+    sock.shutdown();
     Ok(())
 }
 
@@ -555,7 +624,7 @@ impl Reader {
                 let Storage::Local(backend) = &export.storage else {
                     unreachable!("forwarded exports are dispatched above");
                 };
-                let reply = execute::execute(backend.as_ref(), &style, &req, payload);
+                let reply = execute::execute(backend, &style, &req, payload);
                 count(&conn, &req, &reply);
                 let _ = tx.send(Outgoing {
                     reply,

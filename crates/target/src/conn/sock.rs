@@ -1,0 +1,142 @@
+//! The reply writer of a plain (non-TLS) socket: `writev` for headers and
+//! data in memory, `sendfile` for data read straight from an in-memory
+//! file into the socket, so READ data is not copied through user space.
+//!
+//! It writes through its own duplicate of the socket descriptor, watched
+//! for writability by tokio, while the reader keeps the original stream.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use tokio::io::unix::AsyncFd;
+
+use super::execute::FileData;
+
+/// Writes replies to a socket by descriptor.
+pub(crate) struct SockWriter {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl SockWriter {
+    /// Wraps a duplicate of `socket` (already non-blocking, as tokio
+    /// sockets are).
+    ///
+    /// # Errors
+    ///
+    /// `dup` or the registration with tokio failed.
+    pub fn new(socket: RawFd) -> io::Result<Self> {
+        // SAFETY: dup of a descriptor the caller keeps open; the result is
+        // owned here and closed on drop.
+        let dup = unsafe { libc::dup(socket) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `dup` is a fresh descriptor nobody else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+        // SAFETY: an OwnedFd's descriptor stays open, and the same, until
+        // the AsyncFd that owns it is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::WRITABLE) }
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(Self { fd })
+    }
+
+    /// Writes every slice, in as few `writev` calls as the socket takes.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub async fn writev(&self, parts: &[&[u8]]) -> io::Result<()> {
+        let (mut idx, mut off) = (0usize, 0usize);
+        while idx < parts.len() && parts[idx].is_empty() {
+            idx += 1;
+        }
+        while idx < parts.len() {
+            let mut guard = self.fd.writable().await?;
+            let iov: Vec<libc::iovec> = std::iter::once(&parts[idx][off..])
+                .chain(parts[idx + 1..].iter().copied())
+                .take(1024)
+                .map(|p| libc::iovec {
+                    iov_base: p.as_ptr() as *mut libc::c_void,
+                    iov_len: p.len(),
+                })
+                .collect();
+            let result = guard.try_io(|fd| {
+                // SAFETY: the iovecs point into `parts`, alive for the call.
+                let n = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            let mut n = match result {
+                Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(Ok(n)) => n,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            };
+            while n > 0 {
+                let left = parts[idx].len() - off;
+                if n >= left {
+                    n -= left;
+                    idx += 1;
+                    off = 0;
+                } else {
+                    off += n;
+                    n = 0;
+                }
+            }
+            while idx < parts.len() && parts[idx].len() == off {
+                idx += 1;
+                off = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `data.len` bytes of the file from `data.offset`.
+    ///
+    /// # Errors
+    ///
+    /// The socket's or file's error, or the file ended early (the reply's
+    /// header already promised the bytes, so the connection must end).
+    pub async fn sendfile(&self, data: &FileData) -> io::Result<()> {
+        let file = data
+            .backend
+            .zero_copy_fd()
+            .ok_or_else(|| io::Error::other("backend has no file to send from"))?;
+        let mut offset = data.offset as libc::off_t;
+        let mut left = data.len;
+        while left > 0 {
+            let mut guard = self.fd.writable().await?;
+            let result = guard.try_io(|fd| {
+                // SAFETY: both descriptors are open; sendfile advances
+                // `offset` and reads nothing else.
+                let n = unsafe { libc::sendfile(fd.as_raw_fd(), file, &mut offset, left) };
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match result {
+                Ok(Ok(0)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the file ended before the data promised in the reply",
+                    ))
+                }
+                Ok(Ok(n)) => left -= n,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the sending side of the connection.
+    pub fn shutdown(&self) {
+        // SAFETY: shutdown on an open socket descriptor.
+        unsafe { libc::shutdown(self.fd.get_ref().as_raw_fd(), libc::SHUT_WR) };
+    }
+}
