@@ -106,6 +106,11 @@ pub(crate) struct Path {
 /// chunk does not swing it.
 const SAMPLE_BUSY: Duration = Duration::from_millis(20);
 
+/// A path with at least this many bytes in flight is kept full (more than
+/// the bandwidth-delay product of a gigabit LAN): its delivery rate then is
+/// its capacity.
+const SATURATED: u64 = 128 * 1024;
+
 impl Path {
     pub fn new(config: PathConfig, now: Duration) -> Self {
         Self {
@@ -179,13 +184,15 @@ impl Path {
     /// Accounts a chunk sent on connection `conn`.
     pub fn sent(&mut self, conn: usize, bytes: u64, now: Duration) {
         if self.inflight_requests() == 0 {
-            self.busy_since = Some(now);
             self.last_progress = now;
         }
         let c = &mut self.conns[conn];
         c.inflight_requests += 1;
         c.inflight_bytes += bytes;
         self.last_activity = now;
+        if self.busy_since.is_none() && self.inflight_bytes() >= SATURATED {
+            self.busy_since = Some(now);
+        }
     }
 
     /// Accounts a chunk's reply: load, progress and figures. `ahead` is the
@@ -216,17 +223,14 @@ impl Path {
         } else if bytes <= 4096 && ahead == 0 {
             self.latency.add(service.as_secs_f64(), 0.1);
         }
-        self.sample_bytes += bytes;
+        // Capacity is measured only while the path is kept full: a path
+        // that carries little because little is sent to it would otherwise
+        // look slow, be sent even less, and never show its real speed.
         if let Some(start) = self.busy_since {
             self.sample_busy += now.saturating_sub(start);
-            self.busy_since = if self.inflight_requests() > 0 {
-                Some(now)
-            } else {
-                None
-            };
+            self.sample_bytes += bytes;
+            self.busy_since = (self.inflight_bytes() >= SATURATED).then_some(now);
         }
-        // Sample when enough busy time passed with data moved; small
-        // control requests alone say nothing about bandwidth.
         if self.sample_busy >= SAMPLE_BUSY && self.sample_bytes >= 256 * 1024 {
             let rate = self.sample_bytes as f64 / self.sample_busy.as_secs_f64();
             self.throughput.add(rate, 0.3);
