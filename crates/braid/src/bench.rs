@@ -243,6 +243,7 @@ async fn worker(
     let own = w as u64 % stripe;
     let owned = (blocks - own).div_ceil(stripe);
     let mut written = std::collections::HashSet::new();
+    let fixed = pattern.block(0, p.bs as usize);
     while Instant::now() < deadline {
         let block = if p.rw.random() {
             own + rng.gen_range(0..owned) * stripe
@@ -268,9 +269,14 @@ async fn worker(
                 }
             })
         } else {
-            let r = vol
-                .write(offset, pattern.block(offset, p.bs as usize), false)
-                .await;
+            // Without --verify one block serves every write: building a
+            // fresh one costs a copy per write, which shows at line rate.
+            let data = if p.verify {
+                pattern.block(offset, p.bs as usize)
+            } else {
+                fixed.clone()
+            };
+            let r = vol.write(offset, data, false).await;
             if r.is_ok() {
                 written.insert(block);
             }
@@ -322,7 +328,9 @@ async fn fill(
 }
 
 /// Per path over the run: (index, local, portal, bytes, chunks).
-fn path_deltas(o: &Outcome) -> Vec<(usize, String, String, u64, u64)> {
+type PathDelta = (usize, String, String, u64, u64);
+
+fn path_deltas(o: &Outcome) -> Vec<PathDelta> {
     o.after
         .paths
         .iter()
@@ -344,7 +352,8 @@ pub fn to_json(p: &Plan, o: &Outcome) -> serde_json::Value {
     let us = |q: f64| o.latency.quantile(q).as_micros() as u64;
     let paths: Vec<_> = path_deltas(o)
         .into_iter()
-        .map(|(index, local, portal, bytes, chunks)| {
+        .zip(&o.after.paths)
+        .map(|((index, local, portal, bytes, chunks), after)| {
             json!({
                 "index": index,
                 "local": local,
@@ -352,6 +361,9 @@ pub fn to_json(p: &Plan, o: &Outcome) -> serde_json::Value {
                 "bytes": bytes,
                 "mib_per_s": bytes as f64 / secs / 1048576.0,
                 "iops": chunks as f64 / secs,
+                // What the initiator believes of the path at the end.
+                "estimated_mb_per_s": after.figures.throughput / 1e6,
+                "estimated_latency_us": after.figures.base_latency.as_micros() as u64,
             })
         })
         .collect();

@@ -26,8 +26,65 @@ use tokio::task::JoinHandle;
 use crate::uri::Endpoint;
 
 /// A byte stream an NBD connection runs over.
-pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket underneath, if any (for the kernel's figures).
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+}
+
+impl Stream for tokio::net::TcpStream {
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(std::os::fd::AsRawFd::as_raw_fd(self))
+    }
+}
+
+impl Stream for UnixStream {}
+
+impl Stream for tokio_rustls::client::TlsStream<Box<dyn Stream>> {
+    fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.get_ref().0.tcp_fd()
+    }
+}
+
+/// What the kernel says about one TCP connection: bytes it has delivered
+/// (acknowledged by the peer, and received from it) and its smallest
+/// round trip. Unlike completions seen by this process, these do not
+/// depend on when its tasks get a CPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wire {
+    pub bytes: u64,
+    pub min_rtt: Option<Duration>,
+}
+
+/// Reads `TCP_INFO` of a socket.
+fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`, which is
+    // zero-initialised and that large.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: zero-initialised and (partly) filled by the kernel; every
+    // field is a plain integer.
+    let info = unsafe { info.assume_init() };
+    let min_rtt = (info.tcpi_min_rtt != 0 && info.tcpi_min_rtt != u32::MAX)
+        .then(|| Duration::from_micros(u64::from(info.tcpi_min_rtt)));
+    Some(Wire {
+        bytes: info.tcpi_bytes_acked + info.tcpi_bytes_received,
+        min_rtt,
+    })
+}
 
 /// Where a connection leaves this host from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -376,6 +433,9 @@ pub struct ConnHandle {
     tx: Option<mpsc::UnboundedSender<Out>>,
     reader: JoinHandle<()>,
     writer: Option<JoinHandle<()>>,
+    /// A duplicate of the TCP socket, for `TCP_INFO` (valid however the
+    /// tasks end).
+    socket: Option<std::os::fd::OwnedFd>,
 }
 
 impl ConnHandle {
@@ -408,6 +468,11 @@ impl ConnHandle {
         );
     }
 
+    /// The kernel's figures of the connection (TCP only).
+    pub fn wire(&self) -> Option<Wire> {
+        tcp_info(std::os::fd::AsRawFd::as_raw_fd(self.socket.as_ref()?))
+    }
+
     /// Drops the connection at once.
     pub fn abort(&self) {
         self.reader.abort();
@@ -434,6 +499,13 @@ impl Drop for ConnHandle {
 
 /// Starts the reader and writer of a negotiated connection.
 pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle {
+    // SAFETY: dup of a descriptor the stream keeps open; the copy is owned
+    // by the handle and closed with it.
+    let socket = n.stream.tcp_fd().and_then(|fd| {
+        let dup = unsafe { libc::dup(fd) };
+        // SAFETY: a fresh descriptor nobody else owns.
+        (dup >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) })
+    });
     let (rd, wr) = tokio::io::split(n.stream);
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_loop(wr, rx, sink.clone()));
@@ -442,6 +514,7 @@ pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle
         tx: Some(tx),
         reader,
         writer: Some(writer),
+        socket,
     }
 }
 

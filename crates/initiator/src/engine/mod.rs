@@ -224,6 +224,10 @@ impl Default for EngineConfig {
 /// one in about a second.
 const UNMEASURED_THROUGHPUT: f64 = 12.5e6;
 
+/// A throughput estimate lower than the best path's, with no sample for
+/// this long, is forgotten (see `refresh_views`).
+const STALE_ESTIMATE: Duration = Duration::from_secs(1);
+
 /// Non-data requests are cut into pieces no larger than this.
 const NONDATA_PIECE: u64 = 1 << 30;
 
@@ -644,6 +648,13 @@ impl Engine {
             .push_back(Action::Event(Event::Fenced { path, resent }));
     }
 
+    /// The kernel's figures of a path's connections (see `Path::wire`).
+    pub fn wire(&mut self, now: Duration, path: PathId, bytes: u64, min_rtt: Option<Duration>) {
+        if let Some(p) = self.paths.get_mut(path.0) {
+            p.wire(now, bytes, min_rtt);
+        }
+    }
+
     /// Takes a path out of use (maintenance) or puts it back. Chunks in
     /// flight on a disabled path finish there; nothing new is sent to it.
     pub fn set_enabled(&mut self, now: Duration, path: PathId, enabled: bool) {
@@ -855,6 +866,20 @@ impl Engine {
     fn refresh_views(&mut self, now: Duration) {
         self.views.clear();
         self.views.extend(self.paths.iter().map(|p| p.view(now)));
+        // A path measured slow and then starved (sent too little to be kept
+        // full, so never measured again) would stay starved: after a while
+        // without a sample its estimate is forgotten, so the policy tries it
+        // like a new path and measures it afresh.
+        let best = self.views.iter().map(|v| v.throughput).fold(0.0, f64::max);
+        for (v, p) in self.views.iter_mut().zip(&self.paths) {
+            let stale = p
+                .throughput
+                .last_sample()
+                .is_some_and(|t| now.saturating_sub(t) > STALE_ESTIMATE);
+            if stale && v.throughput < 0.8 * best {
+                v.throughput = 0.0;
+            }
+        }
     }
 
     /// A snapshot of one path for reports.
@@ -867,6 +892,7 @@ impl Engine {
             inflight_requests: p.inflight_requests(),
             inflight_bytes: p.inflight_bytes(),
             throughput: p.throughput.or_zero(),
+            base_latency: Duration::from_secs_f64(p.latency.or_zero()),
             latency: p.latency_hist.clone(),
             idle: now.saturating_sub(p.last_activity),
             fencing: p.fencing,
@@ -930,8 +956,10 @@ pub struct PathReport {
     pub counters: PathCounters,
     pub inflight_requests: u32,
     pub inflight_bytes: u64,
-    /// Measured bytes per second while busy (0 until measured).
+    /// Measured capacity in bytes per second (0 until measured).
     pub throughput: f64,
+    /// Estimated base latency (round trip and server time, no queueing).
+    pub base_latency: Duration,
     pub latency: Histogram,
     pub idle: Duration,
     pub fencing: bool,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use braid_policy::PathView;
 
-use super::stats::{Ewma, Histogram};
+use super::stats::{Ewma, Histogram, MinFilter, RateFilter};
 
 /// Where a path is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,11 +79,11 @@ pub(crate) struct Path {
     pub counters: PathCounters,
     pub latency_hist: Histogram,
     /// Payload bytes per second while busy.
-    pub throughput: Ewma,
+    pub throughput: RateFilter,
     /// Send-to-reply time of each chunk.
     pub service_time: Ewma,
     /// Base round trip: service time less the transfer time.
-    pub latency: Ewma,
+    pub latency: MinFilter,
     /// Last time a reply arrived, or the path went from idle to busy.
     pub last_progress: Duration,
     /// Last time anything completed or was sent.
@@ -91,9 +91,16 @@ pub(crate) struct Path {
     /// When the path last became active (or was created).
     pub since: Duration,
     /// Busy time and bytes since the last throughput sample.
-    busy_since: Option<Duration>,
+    /// Kept full without a break since this time.
+    full_since: Option<Duration>,
+    /// Where completion-based sampling last stopped.
+    mark: Duration,
     sample_bytes: u64,
     sample_busy: Duration,
+    /// The kernel's cumulative bytes for the path at the last wire sample.
+    wire_last: Option<(Duration, u64)>,
+    /// Wire samples arrive: completions are not used to measure capacity.
+    wire_seen: bool,
     /// Consecutive failed reconnects, for backoff.
     pub attempts: u32,
     /// The target answers `x-braid:fence`.
@@ -106,10 +113,10 @@ pub(crate) struct Path {
 /// chunk does not swing it.
 const SAMPLE_BUSY: Duration = Duration::from_millis(20);
 
-/// A path with at least this many bytes in flight is kept full (more than
-/// the bandwidth-delay product of a gigabit LAN): its delivery rate then is
-/// its capacity.
-const SATURATED: u64 = 128 * 1024;
+/// Bounds of the bytes in flight that keep a path full (see
+/// `Path::saturated`).
+const SATURATED_MIN: u64 = 16 * 1024;
+const SATURATED_MAX: u64 = 256 * 1024;
 
 impl Path {
     pub fn new(config: PathConfig, now: Duration) -> Self {
@@ -119,18 +126,31 @@ impl Path {
             conns: Vec::new(),
             counters: PathCounters::default(),
             latency_hist: Histogram::default(),
-            throughput: Ewma::default(),
+            throughput: RateFilter::default(),
             service_time: Ewma::default(),
-            latency: Ewma::default(),
+            latency: MinFilter::default(),
             last_progress: now,
             last_activity: now,
             since: now,
-            busy_since: None,
+            full_since: None,
+            mark: now,
             sample_bytes: 0,
             sample_busy: Duration::ZERO,
+            wire_last: None,
+            wire_seen: false,
             attempts: 0,
             fencing: false,
             enabled: true,
+        }
+    }
+
+    /// Bytes in flight that keep the link busy: twice its bandwidth-delay
+    /// product (64 KiB until measured). With that much in flight, the
+    /// delivery rate is the link's capacity, not the load offered to it.
+    fn saturated(&self) -> u64 {
+        match (self.throughput.get(), self.latency.get()) {
+            (Some(t), Some(l)) => ((2.0 * t * l) as u64).clamp(SATURATED_MIN, SATURATED_MAX),
+            _ => 64 * 1024,
         }
     }
 
@@ -190,8 +210,9 @@ impl Path {
         c.inflight_requests += 1;
         c.inflight_bytes += bytes;
         self.last_activity = now;
-        if self.busy_since.is_none() && self.inflight_bytes() >= SATURATED {
-            self.busy_since = Some(now);
+        if self.full_since.is_none() && self.inflight_bytes() >= self.saturated() {
+            self.full_since = Some(now);
+            self.mark = now;
         }
     }
 
@@ -214,29 +235,54 @@ impl Path {
         let service = now.saturating_sub(sent_at);
         self.latency_hist.record(service);
         self.service_time.add(service.as_secs_f64(), 0.2);
-        if let Some(tput) = self.throughput.get().filter(|t| *t > 0.0) {
-            // What is left after moving this chunk and those ahead of it is
-            // the path's own delay: round trip and server time.
-            let transfer = (ahead + bytes) as f64 / tput;
+        // Base latency comes only from chunks sent to an idle path: with
+        // others ahead, the service time is mostly queueing, and splitting
+        // it into latency and transfer by the throughput estimate couples
+        // the two estimates' errors (seen at queue depth 16: "latencies" of
+        // tens of milliseconds on a LAN, and paths starved for it).
+        let transfer = match self.throughput.get().filter(|t| *t > 0.0) {
+            Some(tput) => Some(bytes as f64 / tput),
+            None => (bytes <= 4096).then_some(0.0),
+        };
+        if let (0, Some(transfer)) = (ahead, transfer) {
             self.latency
-                .add((service.as_secs_f64() - transfer).max(0.0), 0.1);
-        } else if bytes <= 4096 && ahead == 0 {
-            self.latency.add(service.as_secs_f64(), 0.1);
+                .add(now, (service.as_secs_f64() - transfer).max(0.0));
         }
         // Capacity is measured only while the path is kept full: a path
         // that carries little because little is sent to it would otherwise
         // look slow, be sent even less, and never show its real speed.
-        if let Some(start) = self.busy_since {
-            self.sample_busy += now.saturating_sub(start);
+        if self.full_since.is_some() && !self.wire_seen {
+            self.sample_busy += now.saturating_sub(self.mark);
             self.sample_bytes += bytes;
-            self.busy_since = (self.inflight_bytes() >= SATURATED).then_some(now);
+            self.mark = now;
+        }
+        if self.inflight_bytes() < self.saturated() {
+            self.full_since = None;
         }
         if self.sample_busy >= SAMPLE_BUSY && self.sample_bytes >= 256 * 1024 {
-            let rate = self.sample_bytes as f64 / self.sample_busy.as_secs_f64();
-            self.throughput.add(rate, 0.3);
+            self.throughput
+                .add(now, self.sample_bytes, self.sample_busy);
             self.sample_bytes = 0;
             self.sample_busy = Duration::ZERO;
         }
+    }
+
+    /// The kernel's figures for the path's TCP connections: `bytes` moved
+    /// so far (acknowledged and received, all connections) and their
+    /// smallest round trip. Capacity is taken from bytes moved over
+    /// intervals in which the path was kept full throughout, which this
+    /// process's scheduling cannot distort.
+    pub fn wire(&mut self, now: Duration, bytes: u64, min_rtt: Option<Duration>) {
+        self.wire_seen = true;
+        if let Some(rtt) = min_rtt {
+            self.latency.add(now, rtt.as_secs_f64());
+        }
+        if let (Some((t0, b0)), Some(since)) = (self.wire_last, self.full_since) {
+            if since <= t0 && bytes >= b0 && now > t0 {
+                self.throughput.add(now, bytes - b0, now - t0);
+            }
+        }
+        self.wire_last = Some((now, bytes));
     }
 
     /// How long the path may go without a reply while busy before it is
@@ -267,8 +313,9 @@ impl Path {
             c.inflight_requests = 0;
             c.inflight_bytes = 0;
         }
-        self.busy_since = None;
+        self.full_since = None;
         self.sample_bytes = 0;
         self.sample_busy = Duration::ZERO;
+        self.wire_last = None;
     }
 }

@@ -29,6 +29,94 @@ impl Ewma {
     }
 }
 
+/// A path's capacity: bytes delivered over time spent delivering them,
+/// summed over a recent window.
+///
+/// A ratio of sums rather than an average or maximum of rates: completions
+/// arrive in bursts (a server that was busy acknowledges a backlog at once),
+/// so a short interval can show several times the link's speed or a small
+/// fraction of it; summed over a window the bursts cancel out.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RateFilter {
+    samples: std::collections::VecDeque<(Duration, u64, Duration)>,
+    estimate: Option<f64>,
+    last: Option<Duration>,
+}
+
+impl RateFilter {
+    /// Samples older than this no longer count.
+    const WINDOW: Duration = Duration::from_secs(2);
+
+    /// `bytes` were delivered in `busy` of time spent delivering, up to `now`.
+    pub fn add(&mut self, now: Duration, bytes: u64, busy: Duration) {
+        self.samples.push_back((now, bytes, busy));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _, _)| now.saturating_sub(*t) > Self::WINDOW)
+        {
+            self.samples.pop_front();
+        }
+        let (b, t) = self
+            .samples
+            .iter()
+            .fold((0u64, Duration::ZERO), |(b, t), s| (b + s.1, t + s.2));
+        if !t.is_zero() {
+            self.estimate = Some(b as f64 / t.as_secs_f64());
+        }
+        self.last = Some(now);
+    }
+
+    /// The estimate; `None` until the first sample. Without new samples the
+    /// last estimate stands.
+    pub fn get(&self) -> Option<f64> {
+        self.estimate
+    }
+
+    pub fn or_zero(&self) -> f64 {
+        self.estimate.unwrap_or(0.0)
+    }
+
+    /// When the last sample was taken.
+    pub fn last_sample(&self) -> Option<Duration> {
+        self.last
+    }
+}
+
+/// The smallest value seen over a window: a path's base latency, which
+/// queueing can only inflate (like BBR's minimum round-trip filter).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MinFilter {
+    samples: std::collections::VecDeque<(Duration, f64)>,
+}
+
+impl MinFilter {
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    pub fn add(&mut self, now: Duration, value: f64) {
+        // A new value makes every older, larger one irrelevant.
+        while self.samples.back().is_some_and(|(_, v)| *v >= value) {
+            self.samples.pop_back();
+        }
+        self.samples.push_back((now, value));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _)| now.saturating_sub(*t) > Self::WINDOW)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.samples.front().map(|(_, v)| *v)
+    }
+
+    pub fn or_zero(&self) -> f64 {
+        self.get().unwrap_or(0.0)
+    }
+}
+
 /// Sub-buckets per power of two: percentiles are within 1/16 (6%).
 const SUB: u32 = 16;
 /// Powers of two from 1 µs: up to about 2^27 µs (over two minutes).
@@ -158,6 +246,33 @@ mod tests {
         assert_eq!(e.get(), Some(10.0));
         e.add(20.0, 0.5);
         assert_eq!(e.get(), Some(15.0));
+    }
+
+    #[test]
+    fn rate_filter_sums_over_the_window() {
+        let mut f = RateFilter::default();
+        assert_eq!(f.get(), None);
+        let ms = Duration::from_millis;
+        // A burst and a lull average out to the link's rate.
+        f.add(ms(0), 4_000_000, ms(10));
+        f.add(ms(100), 1_000_000, ms(40));
+        assert_eq!(f.get(), Some(100e6));
+        f.add(ms(5000), 700_000, ms(10));
+        assert_eq!(f.get(), Some(70e6), "old samples age out");
+        assert_eq!(f.last_sample(), Some(ms(5000)));
+    }
+
+    #[test]
+    fn min_filter_keeps_the_smallest_recent_value() {
+        let mut f = MinFilter::default();
+        let s = Duration::from_secs;
+        f.add(s(0), 5.0);
+        f.add(s(1), 9.0);
+        assert_eq!(f.get(), Some(5.0));
+        f.add(s(2), 3.0);
+        assert_eq!(f.get(), Some(3.0));
+        f.add(s(20), 7.0);
+        assert_eq!(f.get(), Some(7.0), "old minima age out");
     }
 
     #[test]

@@ -550,6 +550,7 @@ impl Drop for Volume {
 async fn tick(shared: std::sync::Weak<Shared>) {
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = 0u64;
     loop {
         interval.tick().await;
         let Some(shared) = shared.upgrade() else {
@@ -557,8 +558,37 @@ async fn tick(shared: std::sync::Weak<Shared>) {
         };
         let mut core = shared.lock();
         let now = shared.now();
+        for i in 0..core.paths.len() {
+            let wires: Vec<_> = core.paths[i]
+                .conns
+                .iter()
+                .flatten()
+                .filter_map(|c| c.wire())
+                .collect();
+            if !wires.is_empty() {
+                let bytes = wires.iter().map(|w| w.bytes).sum();
+                let min_rtt = wires.iter().filter_map(|w| w.min_rtt).min();
+                core.engine.wire(now, PathId(i), bytes, min_rtt);
+            }
+        }
         core.engine.tick(now);
         core.act(&shared);
+        ticks += 1;
+        // What the policy sees, twice a second, for -vv (trace).
+        if ticks.is_multiple_of(20) && tracing::enabled!(tracing::Level::TRACE) {
+            for i in 0..core.engine.path_count() {
+                let r = core.engine.path_report(PathId(i), now);
+                tracing::trace!(
+                    path = i + 1,
+                    inflight_bytes = r.inflight_bytes,
+                    inflight = r.inflight_requests,
+                    mb_per_s = r.throughput / 1e6,
+                    latency_us = r.base_latency.as_micros() as u64,
+                    state = r.state.name(),
+                    "figures"
+                );
+            }
+        }
     }
 }
 
