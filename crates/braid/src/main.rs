@@ -7,6 +7,9 @@
 
 mod attach;
 mod bench;
+// Doc comments in `cli` are --help text for people at a shell, where
+// `ADDR[:PORT]` means an optional port, not a rustdoc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 mod cli;
 mod config;
 mod control;
