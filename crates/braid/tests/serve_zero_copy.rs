@@ -39,13 +39,14 @@ fn reads_from_a_memory_file_are_exact_with_every_client() {
         assert_eq!(sha256(&back), sha256(&disk));
     }
     if tool("nbdsh") {
-        // Unaligned reads, structured and simple replies.
+        // Unaligned reads, structured and simple replies, on both sides of
+        // the size from which READ data is sent with sendfile.
         for structured in ["True", "False"] {
             let out = nbdsh(&format!(
                 "h.set_request_structured_replies({structured})\n\
                  h.connect_uri('{}')\n\
                  import hashlib\n\
-                 for off, n in [(1, 1), (511, 4097), (65535, 3), (1 << 20, 1 << 20), ((24 << 20) - 7, 7)]:\n\
+                 for off, n in [(1, 1), (511, 4097), (65535, 3), (12345, 100000), (1 << 20, 1 << 20), ((24 << 20) - 7, 7)]:\n\
                  \x20   print(off, hashlib.sha256(h.pread(n, off)).hexdigest())\n",
                 serve.uri("vol")
             ));
@@ -57,6 +58,7 @@ fn reads_from_a_memory_file_are_exact_with_every_client() {
                     1 => 1,
                     511 => 4097,
                     65535 => 3,
+                    12345 => 100000,
                     o if o == 1 << 20 => 1 << 20,
                     _ => 7,
                 };

@@ -64,9 +64,15 @@ pub(crate) fn try_read_now(
     }
 }
 
+/// READs shorter than this are copied into the reply: below it, the
+/// extra syscall of `sendfile`, and the writev batch it breaks, cost more
+/// than the copy (4 KiB random reads at QD32 on loopback: ~69k IOPS with
+/// sendfile, ~79k copied).
+const ZERO_COPY_MIN: u32 = 64 * 1024;
+
 /// A READ whose data will be sent from the file by the writer.
 fn zero_copy_read(backend: &Arc<dyn Backend>, style: &ReplyStyle, req: &Request) -> Option<Reply> {
-    if req.command != Command::Read || req.length == 0 || !style.zero_copy {
+    if req.command != Command::Read || req.length < ZERO_COPY_MIN || !style.zero_copy {
         return None;
     }
     backend.zero_copy_fd()?;
