@@ -405,7 +405,7 @@ impl Sink for ProbeSink {
 }
 
 /// Receives what a connection's reader decodes. Calls for one cookie come
-/// in wire order and end with [`Sink::done`].
+/// in wire order and end with [`Sink::done`] or [`Sink::data_done`].
 pub trait Sink: Send + Sync + 'static {
     /// The length of the READ behind `cookie`, for simple replies (which do
     /// not say whether data follows); `None` if it is not a READ in flight.
@@ -413,6 +413,12 @@ pub trait Sink: Send + Sync + 'static {
     /// READ data; `offset` is absolute, or `None` for a simple reply (the
     /// data then starts at the request's offset).
     fn data(&self, cookie: Cookie, offset: Option<u64>, data: Bytes);
+    /// The last piece of a successful READ reply and its end at once: the
+    /// common case, which a sink can take in one step.
+    fn data_done(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+        self.data(cookie, offset, data);
+        self.done(cookie, None);
+    }
     fn hole(&self, cookie: Cookie, offset: u64, len: u32);
     fn extents(&self, cookie: Cookie, status: BlockStatus);
     /// The reply is complete; `error` is the first error it carried.
@@ -599,16 +605,18 @@ async fn read_one<R: AsyncRead + Unpin>(
                 sink.done(s.cookie, Some((errno, format!("{errno}"))));
                 return Ok(true);
             }
-            if let Some(n) = sink.read_len(s.cookie) {
-                let data = read_bytes(rd, n as usize).await?;
-                sink.data(s.cookie, None, data);
+            match sink.read_len(s.cookie) {
+                Some(n) => {
+                    let data = read_bytes(rd, n as usize).await?;
+                    sink.data_done(s.cookie, None, data);
+                }
+                None => sink.done(s.cookie, None),
             }
-            sink.done(s.cookie, None);
         }
         ReplyHeader::Chunk(c) => {
             c.check(max_payload).map_err(|e| format!("protocol: {e}"))?;
-            chunk(rd, &c, sink, errors).await?;
-            if c.done() {
+            let ended = chunk(rd, &c, sink, errors).await?;
+            if c.done() && !ended {
                 sink.done(c.cookie, errors.remove(&c.cookie.0));
             }
         }
@@ -621,7 +629,7 @@ async fn chunk<R: AsyncRead + Unpin>(
     c: &ChunkHeader,
     sink: &dyn Sink,
     errors: &mut std::collections::HashMap<u64, (Errno, String)>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     match c.kind {
         chunk_type::NONE => {}
         chunk_type::OFFSET_DATA => {
@@ -631,6 +639,10 @@ async fn chunk<R: AsyncRead + Unpin>(
                 .map_err(|e| format!("read failed: {e}"))?;
             let offset = OffsetData::decode(&off).offset;
             let data = read_bytes(rd, c.length as usize - 8).await?;
+            if c.done() && !errors.contains_key(&c.cookie.0) {
+                sink.data_done(c.cookie, Some(offset), data);
+                return Ok(true);
+            }
             sink.data(c.cookie, Some(offset), data);
         }
         chunk_type::OFFSET_HOLE => {
@@ -650,7 +662,7 @@ async fn chunk<R: AsyncRead + Unpin>(
             errors.entry(c.cookie.0).or_insert((e.error, e.message));
         }
     }
-    Ok(())
+    Ok(false)
 }
 
 async fn read_bytes<R: AsyncRead + Unpin>(rd: &mut R, n: usize) -> Result<Bytes, String> {

@@ -279,25 +279,46 @@ impl ConnSink {
     }
 
     fn place(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
-        self.with_core(|_, core| {
-            let Some(info) = core.engine.chunk(cookie) else {
-                return;
-            };
-            let Some(req) = info.req else {
-                return; // a probe's data is not needed
-            };
-            let Some(p) = core.reqs.get_mut(&req.0) else {
-                return;
-            };
-            // Untrusted offsets: data outside its chunk is refused by
-            // leaving the read short, which fails it.
-            let Some(at) = place_in_request(&info, offset, data.len() as u64) else {
-                return;
-            };
-            *core.received.entry(cookie.0).or_default() += data.len() as u64;
-            p.done.data.push((at, data));
-        });
+        self.with_core(|_, core| place(core, cookie, offset, data));
     }
+}
+
+/// Adds READ data that arrived for `cookie` to its request.
+fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+    let Some(info) = core.engine.chunk(cookie) else {
+        return;
+    };
+    let Some(req) = info.req else {
+        return; // a probe's data is not needed
+    };
+    let Some(p) = core.reqs.get_mut(&req.0) else {
+        return;
+    };
+    // Untrusted offsets: data outside its chunk is refused by leaving the
+    // read short, which fails it.
+    let Some(at) = place_in_request(&info, offset, data.len() as u64) else {
+        return;
+    };
+    *core.received.entry(cookie.0).or_default() += data.len() as u64;
+    p.done.data.push((at, data));
+}
+
+/// Hands the end of `cookie`'s reply to the engine and carries out what
+/// follows from it.
+fn finish(shared: &Arc<Shared>, core: &mut Core, cookie: Cookie, error: Option<(Errno, String)>) {
+    let received = core.received.remove(&cookie.0).unwrap_or(0);
+    let outcome = match (error, core.engine.chunk(cookie)) {
+        (Some(e), _) => Err(e),
+        (None, Some(c)) if c.op == Op::Read && c.req.is_some() && received != u64::from(c.len) => {
+            Err((
+                Errno::Io,
+                format!("server answered {received} of {} bytes", c.len),
+            ))
+        }
+        _ => Ok(()),
+    };
+    core.engine.reply(shared.now(), cookie, outcome);
+    core.act(shared);
 }
 
 impl Sink for ConnSink {
@@ -337,24 +358,16 @@ impl Sink for ConnSink {
         });
     }
 
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+    fn data_done(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+        // One lock for the common reply, not two.
         self.with_core(|shared, core| {
-            let received = core.received.remove(&cookie.0).unwrap_or(0);
-            let outcome = match (error, core.engine.chunk(cookie)) {
-                (Some(e), _) => Err(e),
-                (None, Some(c))
-                    if c.op == Op::Read && c.req.is_some() && received != u64::from(c.len) =>
-                {
-                    Err((
-                        Errno::Io,
-                        format!("server answered {received} of {} bytes", c.len),
-                    ))
-                }
-                _ => Ok(()),
-            };
-            core.engine.reply(shared.now(), cookie, outcome);
-            core.act(shared);
+            place(core, cookie, offset, data);
+            finish(shared, core, cookie, None);
         });
+    }
+
+    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+        self.with_core(|shared, core| finish(shared, core, cookie, error));
     }
 
     fn lost(&self, reason: String) {
