@@ -164,7 +164,7 @@ async fn copy(
         let (src, dst, done) = (src.clone(), dst.clone(), done.clone());
         spawn_bounded(&mut jobs, depth, async move {
             let data = src.read(at, n as usize).await?;
-            if data.iter().all(|&b| b == 0) {
+            if data.iter().all(|piece| piece.iter().all(|&b| b == 0)) {
                 dst.zero(at, n, fresh).await?;
             } else {
                 dst.write(at, data).await?;
@@ -249,7 +249,7 @@ fn push_range(v: &mut Vec<(u64, u64)>, start: u64, end: u64) {
 /// sha256 of `[0, size)`, reading `depth` blocks ahead.
 async fn hash(side: &Side, size: u64, bs: u64, depth: usize) -> Result<String> {
     let mut hasher = Sha256::new();
-    let mut ahead: VecDeque<tokio::task::JoinHandle<Result<bytes::Bytes>>> = VecDeque::new();
+    let mut ahead: VecDeque<tokio::task::JoinHandle<Result<Vec<bytes::Bytes>>>> = VecDeque::new();
     let mut at = 0u64;
     loop {
         while at < size && ahead.len() < depth {
@@ -262,7 +262,9 @@ async fn hash(side: &Side, size: u64, bs: u64, depth: usize) -> Result<String> {
         let Some(next) = ahead.pop_front() else {
             break;
         };
-        hasher.update(&next.await??);
+        for piece in next.await?? {
+            hasher.update(&piece);
+        }
     }
     Ok(hex::encode(hasher.finalize()))
 }
