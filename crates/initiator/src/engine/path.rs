@@ -99,8 +99,9 @@ pub(crate) struct Path {
     sample_busy: Duration,
     /// The kernel's cumulative bytes for the path at the last wire sample.
     wire_last: Option<(Duration, u64)>,
-    /// Wire samples arrive: completions are not used to measure capacity.
-    wire_seen: bool,
+    /// When the kernel's figures last gave a capacity sample; while they
+    /// keep coming, completions are not used to measure capacity.
+    wire_sampled: Option<Duration>,
     /// Consecutive failed reconnects, for backoff.
     pub attempts: u32,
     /// The target answers `x-braid:fence`.
@@ -112,6 +113,10 @@ pub(crate) struct Path {
 /// Throughput is sampled over at least this much busy time, so one small
 /// chunk does not swing it.
 const SAMPLE_BUSY: Duration = Duration::from_millis(20);
+
+/// Kernel capacity samples older than this no longer keep completions
+/// from being sampled.
+const WIRE_FRESH: Duration = Duration::from_millis(500);
 
 /// Bounds of the bytes in flight that keep a path full (see
 /// `Path::saturated`).
@@ -137,7 +142,7 @@ impl Path {
             sample_bytes: 0,
             sample_busy: Duration::ZERO,
             wire_last: None,
-            wire_seen: false,
+            wire_sampled: None,
             attempts: 0,
             fencing: false,
             enabled: true,
@@ -251,9 +256,11 @@ impl Path {
         // Capacity is measured only while the path is kept full: a path
         // that carries little because little is sent to it would otherwise
         // look slow, be sent even less, and never show its real speed.
-        if self.full_since.is_some() && !self.wire_seen {
-            self.sample_busy += now.saturating_sub(self.mark);
-            self.sample_bytes += bytes;
+        if self.full_since.is_some() {
+            if !self.wire_recent(now) {
+                self.sample_busy += now.saturating_sub(self.mark);
+                self.sample_bytes += bytes;
+            }
             self.mark = now;
         }
         if self.inflight_bytes() < self.saturated() {
@@ -273,16 +280,25 @@ impl Path {
     /// intervals in which the path was kept full throughout, which this
     /// process's scheduling cannot distort.
     pub fn wire(&mut self, now: Duration, bytes: u64, min_rtt: Option<Duration>) {
-        self.wire_seen = true;
         if let Some(rtt) = min_rtt {
             self.latency.add(now, rtt.as_secs_f64());
         }
         if let (Some((t0, b0)), Some(since)) = (self.wire_last, self.full_since) {
             if since <= t0 && bytes >= b0 && now > t0 {
                 self.throughput.add(now, bytes - b0, now - t0);
+                self.wire_sampled = Some(now);
             }
         }
         self.wire_last = Some((now, bytes));
+    }
+
+    /// Whether the kernel's figures gave a capacity sample lately. They
+    /// need the path kept full from one tick to the next, which a path
+    /// that finishes each chunk within a tick (a fast link at queue depth
+    /// 1) never is: there completions measure it instead.
+    fn wire_recent(&self, now: Duration) -> bool {
+        self.wire_sampled
+            .is_some_and(|t| now.saturating_sub(t) < WIRE_FRESH)
     }
 
     /// How long the path may go without a reply while busy before it is
