@@ -16,9 +16,13 @@ use crate::engine::PathId;
 use super::core::{ConnSink, Shared};
 
 /// A reconnect attempt gives up on a silent portal after this long, so that
-/// attempts keep coming (with the engine's backoff, at most 0.5 s apart)
-/// and a restored link is back within about a second and a half.
+/// attempts keep coming (with the engine's backoff, at most 0.5 s apart).
 const RECONNECT_DIAL: Duration = Duration::from_secs(1);
+
+/// While a dial waits, another starts this often (until the first would
+/// give up): a SYN lost just before a link comes back is sent again by TCP
+/// only after its 1 s initial RTO, and a fresh dial gets through at once.
+const RECONNECT_STAGGER: Duration = Duration::from_millis(250);
 
 /// Waits `after`, then tries to bring `path` back.
 pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration) {
@@ -30,31 +34,73 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
         let core = shared.lock();
         core.paths[path.0].spec.clone()
     };
-    let result = open_conns(&shared, path, &spec, RECONNECT_DIAL).await;
+    let result = staggered_dial(&shared, &spec)
+        .await
+        .map(|conns| adopt(&shared, path, conns));
     let mut core = shared.lock();
     core.paths[path.0].reconnecting = false;
-    match result {
-        Ok(()) => {}
-        Err(e) => {
-            debug!(
-                path = path.0 + 1,
-                "reconnect failed: {}",
-                crate::conn::chain(&e)
-            );
-            core.engine.reconnect_failed(path);
-        }
+    if let Err(e) = result {
+        debug!(
+            path = path.0 + 1,
+            "reconnect failed: {}",
+            crate::conn::chain(&e)
+        );
+        core.engine.reconnect_failed(path);
     }
     core.act(&shared);
 }
 
+/// Dials a path, starting another dial every [`RECONNECT_STAGGER`] while
+/// the earlier ones wait; the first to succeed wins and the others are
+/// dropped. Fails once every dial has failed.
+async fn staggered_dial(
+    shared: &Arc<Shared>,
+    spec: &discover::PathSpec,
+) -> Result<Vec<discover::PathConn>, ConnectError> {
+    let start = |dials: &mut tokio::task::JoinSet<_>| {
+        let (shared, spec) = (shared.clone(), spec.clone());
+        dials.spawn(async move { dial(&shared, &spec, RECONNECT_DIAL).await });
+    };
+    let mut dials = tokio::task::JoinSet::new();
+    start(&mut dials);
+    let last_start = tokio::time::Instant::now() + RECONNECT_DIAL - RECONNECT_STAGGER;
+    let mut next = tokio::time::Instant::now() + RECONNECT_STAGGER;
+    loop {
+        tokio::select! {
+            done = dials.join_next() => match done {
+                Some(Ok(Ok(conns))) => return Ok(conns),
+                Some(Ok(Err(e))) if dials.is_empty() => return Err(e),
+                Some(Ok(Err(_))) => {}
+                Some(Err(e)) => return Err(ConnectError::Other(format!("dial task: {e}"))),
+                None => unreachable!("a dial is always running here"),
+            },
+            () = tokio::time::sleep_until(next), if next <= last_start => {
+                start(&mut dials);
+                next += RECONNECT_STAGGER;
+            }
+        }
+    }
+}
+
 /// Connects every connection of a path, probes one, and hands them to the
-/// engine. Also used at open.
+/// engine. Used at open.
 pub(crate) async fn open_conns(
     shared: &Arc<Shared>,
     path: PathId,
     spec: &discover::PathSpec,
     timeout: Duration,
 ) -> Result<(), ConnectError> {
+    let conns = dial(shared, spec, timeout).await?;
+    adopt(shared, path, conns);
+    Ok(())
+}
+
+/// Connects every connection of a path and probes one.
+async fn dial(
+    shared: &Arc<Shared>,
+    spec: &discover::PathSpec,
+    timeout: Duration,
+) -> Result<Vec<discover::PathConn>, ConnectError> {
     let settings = &shared.settings;
     let mut conns = Vec::new();
     for _ in 0..settings.connections_per_path {
@@ -64,9 +110,15 @@ pub(crate) async fn open_conns(
     if let Some(first) = conns.first_mut() {
         conn::probe(&mut first.negotiated, settings.probe_len, timeout).await?;
     }
+    Ok(conns)
+}
+
+/// Hands a path's new connections to the engine.
+fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
+    let settings = &shared.settings;
     let mut core = shared.lock();
     if shared.closed() {
-        return Ok(()); // the connections just made are dropped
+        return; // the connections just made are dropped
     }
     let generation = core.paths[path.0].generation + 1;
     let mut handles = Vec::new();
@@ -91,7 +143,6 @@ pub(crate) async fn open_conns(
     let now = shared.now();
     core.engine.path_up(now, path, ids, fencing);
     core.act(shared);
-    Ok(())
 }
 
 /// Asks the target to fence `conns` (a failed path's connections), over a
