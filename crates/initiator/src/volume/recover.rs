@@ -15,14 +15,15 @@ use crate::engine::PathId;
 
 use super::core::{ConnSink, Shared};
 
-/// A reconnect attempt gives up on a silent portal after this long, so that
-/// attempts keep coming (with the engine's backoff, at most 0.5 s apart).
-const RECONNECT_DIAL: Duration = Duration::from_secs(1);
+/// A reconnect dial gives up on a silent portal after this long: past
+/// TCP's first SYN retransmission at 1 s, so that a SYN lost just before a
+/// link came back is sent again in time to be answered.
+const RECONNECT_DIAL: Duration = Duration::from_millis(1500);
 
-/// While a dial waits, another starts this often (until the first would
-/// give up): a SYN lost just before a link comes back is sent again by TCP
-/// only after its 1 s initial RTO, and a fresh dial gets through at once.
+/// While dials wait, another starts this often, for this long: a silent
+/// path gets a fresh SYN every quarter second rather than one per attempt.
 const RECONNECT_STAGGER: Duration = Duration::from_millis(250);
+const RECONNECT_SPAN: Duration = Duration::from_secs(2);
 
 /// Waits `after`, then tries to bring `path` back.
 pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration) {
@@ -50,9 +51,10 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
     core.act(&shared);
 }
 
-/// Dials a path, starting another dial every [`RECONNECT_STAGGER`] while
-/// the earlier ones wait; the first to succeed wins and the others are
-/// dropped. Fails once every dial has failed.
+/// Dials a path, starting another dial every [`RECONNECT_STAGGER`] (for
+/// [`RECONNECT_SPAN`]) while the earlier ones wait; the first to succeed
+/// wins and the others are dropped. Fails once every dial has failed: at
+/// once where the kernel refuses at once (a link that is down).
 async fn staggered_dial(
     shared: &Arc<Shared>,
     spec: &discover::PathSpec,
@@ -63,7 +65,7 @@ async fn staggered_dial(
     };
     let mut dials = tokio::task::JoinSet::new();
     start(&mut dials);
-    let last_start = tokio::time::Instant::now() + RECONNECT_DIAL - RECONNECT_STAGGER;
+    let span_end = tokio::time::Instant::now() + RECONNECT_SPAN;
     let mut next = tokio::time::Instant::now() + RECONNECT_STAGGER;
     loop {
         tokio::select! {
@@ -74,7 +76,7 @@ async fn staggered_dial(
                 Some(Err(e)) => return Err(ConnectError::Other(format!("dial task: {e}"))),
                 None => unreachable!("a dial is always running here"),
             },
-            () = tokio::time::sleep_until(next), if next <= last_start => {
+            () = tokio::time::sleep_until(next), if next < span_end => {
                 start(&mut dials);
                 next += RECONNECT_STAGGER;
             }
