@@ -118,6 +118,10 @@ def markdown(res, suffix):
         "",
     ]
     out += summary(res)
+    notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aggregate-notes.md")
+    if os.path.exists(notes):
+        with open(notes) as f:
+            out += [f.read().rstrip(), ""]
     for sc in res["scenarios"]:
         out += scenario_md(sc, suffix)
     return "\n".join(out) + "\n"
