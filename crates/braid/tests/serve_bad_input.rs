@@ -13,37 +13,8 @@ use std::time::Duration;
 
 use braid_proto::option::{GoData, MetaQuery};
 use braid_proto::wire::{client_flags, OptCode, RepCode, OPTS_MAGIC};
-use common::raw::{cmd, RawClient};
-use common::{random_bytes, Serve};
-
-/// Export size in every test here.
-const SIZE: u64 = 64 << 20;
-
-fn serve() -> Serve {
-    Serve::start(&["vol=mem:64MiB"])
-}
-
-/// A well-behaved client writes on one connection and reads back on that
-/// one and on another, byte for byte; the server is alive and never
-/// panicked. `seed` keeps each call's data and offset distinct.
-fn assert_still_serving(serve: &mut Serve, seed: u64) {
-    let data = random_bytes(100_003, seed);
-    let off = 1_000_001 + seed * 40_009 % (SIZE - 200_000);
-    let mut a = RawClient::open(serve.addr(), "vol");
-    a.write(off, &data).expect("write by a good client");
-    assert_eq!(
-        a.read(off, data.len() as u32).unwrap(),
-        data,
-        "same connection"
-    );
-    let mut b = RawClient::open(serve.addr(), "vol");
-    assert_eq!(
-        b.read(off, data.len() as u32).unwrap(),
-        data,
-        "other connection"
-    );
-    serve.assert_healthy();
-}
+use common::random_bytes;
+use common::raw::{assert_still_serving, cmd, serve, RawClient, SIZE};
 
 fn option_bytes(code: OptCode, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();

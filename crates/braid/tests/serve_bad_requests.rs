@@ -12,36 +12,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::raw::{cmd, errno, RawClient};
+use common::raw::{assert_still_serving, cmd, errno, serve, RawClient, MAX_PAYLOAD, SIZE};
 use common::{random_bytes, Serve};
-
-const SIZE: u64 = 64 << 20;
-const MAX_PAYLOAD: u32 = 32 << 20;
-
-fn serve() -> Serve {
-    Serve::start(&["vol=mem:64MiB"])
-}
-
-/// As in `serve_bad_input.rs`: a good client writes and reads back on two
-/// connections, byte for byte, and the server is alive and never panicked.
-fn assert_still_serving(serve: &mut Serve, seed: u64) {
-    let data = random_bytes(100_003, seed);
-    let off = 1_000_001 + seed * 40_009 % (SIZE - 200_000);
-    let mut a = RawClient::open(serve.addr(), "vol");
-    a.write(off, &data).expect("write by a good client");
-    assert_eq!(
-        a.read(off, data.len() as u32).unwrap(),
-        data,
-        "same connection"
-    );
-    let mut b = RawClient::open(serve.addr(), "vol");
-    assert_eq!(
-        b.read(off, data.len() as u32).unwrap(),
-        data,
-        "other connection"
-    );
-    serve.assert_healthy();
-}
 
 /// The connection still carries a write and a read correctly.
 fn assert_connection_works(c: &mut RawClient, off: u64) {

@@ -19,7 +19,37 @@ use braid_proto::{CmdFlags, Command, Cookie, Request};
 
 /// The largest payload braid advertises (and the spec's interoperable
 /// 32 MiB), for checking chunk lengths.
-const MAX_PAYLOAD: u32 = 32 << 20;
+pub const MAX_PAYLOAD: u32 = 32 << 20;
+
+/// Size of the export the raw-protocol tests serve ([`serve`]).
+pub const SIZE: u64 = 64 << 20;
+
+/// `braid serve` with one 64 MiB memory export named `vol`.
+pub fn serve() -> super::Serve {
+    super::Serve::start(&["vol=mem:64MiB"])
+}
+
+/// A well-behaved client writes on one connection and reads back on that
+/// one and on another, byte for byte; the server is alive and never
+/// panicked. `seed` keeps each call's data and offset distinct.
+pub fn assert_still_serving(serve: &mut super::Serve, seed: u64) {
+    let data = super::random_bytes(100_003, seed);
+    let off = 1_000_001 + seed * 40_009 % (SIZE - 200_000);
+    let mut a = RawClient::open(serve.addr(), "vol");
+    a.write(off, &data).expect("write by a good client");
+    assert_eq!(
+        a.read(off, data.len() as u32).unwrap(),
+        data,
+        "same connection"
+    );
+    let mut b = RawClient::open(serve.addr(), "vol");
+    assert_eq!(
+        b.read(off, data.len() as u32).unwrap(),
+        data,
+        "other connection"
+    );
+    serve.assert_healthy();
+}
 
 /// How long any single read from the server may take.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
