@@ -229,22 +229,17 @@ pub fn concat(mut pieces: Vec<(u64, Bytes)>, len: usize) -> Bytes {
 /// Writes every byte of `pieces` at `offset` with as few `pwritev` calls
 /// as the kernel allows.
 fn pwrite_all(file: &File, pieces: &[Bytes], mut offset: u64) -> std::io::Result<()> {
-    // The next byte to write: piece `i`, from `skip` within it.
-    let (mut i, mut skip) = (0usize, 0usize);
-    while i < pieces.len() {
-        let iov: Vec<libc::iovec> = pieces[i..]
-            .iter()
-            .take(libc::UIO_MAXIOV as usize)
-            .enumerate()
-            .map(|(k, b)| {
-                let s = if k == 0 { &b[skip..] } else { &b[..] };
-                libc::iovec {
-                    iov_base: s.as_ptr() as *mut libc::c_void,
-                    iov_len: s.len(),
-                }
+    let parts: Vec<&[u8]> = pieces.iter().map(|b| &b[..]).collect();
+    let mut at = braid_pool::Progress::new(&parts);
+    while !at.done(&parts) {
+        let iov: Vec<libc::iovec> = at
+            .pending(&parts)
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
             })
             .collect();
-        // SAFETY: every iovec points into a Bytes borrowed for the call.
+        // SAFETY: every iovec points into a piece borrowed for the call.
         let n = unsafe {
             libc::pwritev(
                 file.as_raw_fd(),
@@ -260,16 +255,11 @@ fn pwrite_all(file: &File, pieces: &[Bytes], mut offset: u64) -> std::io::Result
             }
             return Err(e);
         }
-        if n == 0 && iov.iter().any(|v| v.iov_len > 0) {
+        if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        let mut n = n as usize;
+        at.advance(&parts, n as usize);
         offset += n as u64;
-        while i < pieces.len() && n >= pieces[i].len() - skip {
-            n -= pieces[i].len() - skip;
-            (i, skip) = (i + 1, 0);
-        }
-        skip += n;
     }
     Ok(())
 }

@@ -154,8 +154,65 @@ impl Drop for Buf {
     }
 }
 
+/// The most slices one `writev` takes (Linux's `IOV_MAX`).
+pub const IOV_MAX: usize = 1024;
+
+/// How far a vectored write of a list of slices has got: which slice, and
+/// how far into it. Every loop that writes a list of slices in as few calls
+/// as the kernel takes keeps one of these.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    idx: usize,
+    off: usize,
+}
+
+impl Progress {
+    /// At the first byte of `parts`.
+    #[must_use]
+    pub fn new(parts: &[&[u8]]) -> Self {
+        let mut p = Self::default();
+        p.skip_ended(parts);
+        p
+    }
+
+    /// Every byte of `parts` is written.
+    #[must_use]
+    pub fn done(&self, parts: &[&[u8]]) -> bool {
+        self.idx >= parts.len()
+    }
+
+    /// What is left to write, at most [`IOV_MAX`] slices.
+    pub fn pending<'a, 'p>(&self, parts: &'p [&'a [u8]]) -> impl Iterator<Item = &'a [u8]> + 'p {
+        std::iter::once(&parts[self.idx][self.off..])
+            .chain(parts[self.idx + 1..].iter().copied())
+            .take(IOV_MAX)
+    }
+
+    /// Moves past `n` bytes the kernel took.
+    pub fn advance(&mut self, parts: &[&[u8]], mut n: usize) {
+        while n > 0 {
+            let left = parts[self.idx].len() - self.off;
+            if n < left {
+                self.off += n;
+                break;
+            }
+            n -= left;
+            self.idx += 1;
+            self.off = 0;
+        }
+        self.skip_ended(parts);
+    }
+
+    fn skip_ended(&mut self, parts: &[&[u8]]) {
+        while self.idx < parts.len() && parts[self.idx].len() == self.off {
+            self.idx += 1;
+            self.off = 0;
+        }
+    }
+}
+
 /// Writes every slice in order, with as few `writev` calls as the socket
-/// allows (at most 1024 slices per call).
+/// allows.
 ///
 /// # Errors
 ///
@@ -165,35 +222,15 @@ pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     parts: &[&[u8]],
 ) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let (mut idx, mut off) = (0usize, 0usize);
-    while idx < parts.len() && parts[idx].is_empty() {
-        idx += 1;
-    }
-    while idx < parts.len() {
-        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&parts[idx][off..])
-            .chain(parts[idx + 1..].iter().copied())
-            .take(1024)
-            .map(std::io::IoSlice::new)
-            .collect();
-        let mut n = wr.write_vectored(&slices).await?;
+    let mut at = Progress::new(parts);
+    while !at.done(parts) {
+        let slices: Vec<std::io::IoSlice<'_>> =
+            at.pending(parts).map(std::io::IoSlice::new).collect();
+        let n = wr.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        while n > 0 {
-            let left = parts[idx].len() - off;
-            if n >= left {
-                n -= left;
-                idx += 1;
-                off = 0;
-            } else {
-                off += n;
-                n = 0;
-            }
-        }
-        while idx < parts.len() && parts[idx].len() == off {
-            idx += 1;
-            off = 0;
-        }
+        at.advance(parts, n);
     }
     Ok(())
 }

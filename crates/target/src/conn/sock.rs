@@ -46,15 +46,11 @@ impl SockWriter {
     ///
     /// The socket's error.
     pub async fn writev(&self, parts: &[&[u8]]) -> io::Result<()> {
-        let (mut idx, mut off) = (0usize, 0usize);
-        while idx < parts.len() && parts[idx].is_empty() {
-            idx += 1;
-        }
-        while idx < parts.len() {
+        let mut at = braid_pool::Progress::new(parts);
+        while !at.done(parts) {
             let mut guard = self.fd.writable().await?;
-            let iov: Vec<libc::iovec> = std::iter::once(&parts[idx][off..])
-                .chain(parts[idx + 1..].iter().copied())
-                .take(1024)
+            let iov: Vec<libc::iovec> = at
+                .pending(parts)
                 .map(|p| libc::iovec {
                     iov_base: p.as_ptr() as *mut libc::c_void,
                     iov_len: p.len(),
@@ -69,26 +65,11 @@ impl SockWriter {
                     Ok(n as usize)
                 }
             });
-            let mut n = match result {
+            match result {
                 Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(Ok(n)) => n,
+                Ok(Ok(n)) => at.advance(parts, n),
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
-            };
-            while n > 0 {
-                let left = parts[idx].len() - off;
-                if n >= left {
-                    n -= left;
-                    idx += 1;
-                    off = 0;
-                } else {
-                    off += n;
-                    n = 0;
-                }
-            }
-            while idx < parts.len() && parts[idx].len() == off {
-                idx += 1;
-                off = 0;
             }
         }
         Ok(())
