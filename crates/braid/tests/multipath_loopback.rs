@@ -10,19 +10,8 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
+use braid_policy::NAMES;
 use common::{cmd, output, random_file, run, sha256, tool, ChildGuard, Serve};
-
-const POLICIES: [&str; 9] = [
-    "adaptive",
-    "failover",
-    "round-robin",
-    "round-robin-subset",
-    "least-queue-depth",
-    "least-blocks",
-    "weighted",
-    "service-time",
-    "historical-service-time",
-];
 
 fn braid() -> std::process::Command {
     cmd(env!("CARGO_BIN_EXE_braid"))
@@ -51,7 +40,7 @@ fn copy_in_and_out_with_every_policy_is_byte_exact() {
     let want = sha256(&src);
     let serve = two_portals("vol=mem:256MiB");
     let uri = serve.uri("vol");
-    for policy in POLICIES {
+    for &policy in NAMES {
         let out_file = dir.path().join(format!("out-{policy}.img"));
         let copy_in = run(braid()
             .args(["copy", "--policy", policy])
@@ -109,7 +98,7 @@ fn path_bytes(j: &serde_json::Value) -> Vec<u64> {
 fn bench_with_every_policy_verifies_and_uses_each_path() {
     let serve = two_portals("vol=mem:256MiB");
     let uri = serve.uri("vol");
-    for policy in POLICIES {
+    for &policy in NAMES {
         let j = bench_json(
             &uri,
             &[

@@ -237,6 +237,24 @@ sys.stdin.readline()
     assert_eq!(sha256(&back), sha256(&data), "read back after restart");
 }
 
+/// `braid serve` of a 1 MiB memory export on a free loopback port, its
+/// state and control socket in `dir` (a braid killed by a signal leaves the
+/// socket behind there), logging at info level to a pipe on stderr.
+fn serve_logging_to_a_pipe(dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_braid"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(dir)
+        .arg("--control")
+        .arg(dir.join("ctl.sock"))
+        .arg("vol=mem:1MiB")
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
 #[test]
 fn sigterm_right_after_startup_exits_0() {
     // A service manager may stop braid the moment it has started. Once
@@ -244,20 +262,7 @@ fn sigterm_right_after_startup_exits_0() {
     // exit 0), never the default action of dying by the signal.
     let dir = tempfile::tempdir().unwrap();
     for round in 0..20 {
-        let mut braid = ChildGuard::spawn(
-            std::process::Command::new(env!("CARGO_BIN_EXE_braid"))
-                .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-                .arg(dir.path())
-                // Kept here: a braid killed by the signal leaves it behind.
-                .arg("--control")
-                .arg(dir.path().join("ctl.sock"))
-                .arg("vol=mem:1MiB")
-                .env("NO_COLOR", "1")
-                .env("RUST_LOG", "info")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped()),
-        );
+        let mut braid = ChildGuard::spawn(&mut serve_logging_to_a_pipe(dir.path()));
         let stderr = braid.0.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
         // Drained on a thread so braid never blocks on a full pipe.
@@ -283,19 +288,7 @@ fn a_closed_log_pipe_neither_stops_serving_nor_blocks_sigterm() {
     // supervisor's log pipe that closes. Logging must then fail quietly,
     // not take the task that logged with it.
     let dir = tempfile::tempdir().unwrap();
-    let mut braid = ChildGuard::spawn(
-        std::process::Command::new(env!("CARGO_BIN_EXE_braid"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
-            .arg(dir.path())
-            .arg("--control")
-            .arg(dir.path().join("ctl.sock"))
-            .arg("vol=mem:1MiB")
-            .env("NO_COLOR", "1")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
+    let mut braid = ChildGuard::spawn(&mut serve_logging_to_a_pipe(dir.path()));
     let mut port = None;
     {
         // Startup ends with the export line; only later lines (connections,

@@ -341,16 +341,21 @@ impl Sim {
         }
     }
 
+    /// One random step: maybe a request, rarely a fault, then some time.
+    fn random_step(&mut self) {
+        match self.rng.gen_range(0..100) {
+            0..=39 => self.submit_random(),
+            40..=42 => self.fault(),
+            _ => {}
+        }
+        let step = Duration::from_micros(self.rng.gen_range(50..2_000));
+        self.advance(step);
+    }
+
     /// Runs `steps` random steps, then heals every link and lets it settle.
     fn run(&mut self, steps: usize) {
         for _ in 0..steps {
-            match self.rng.gen_range(0..100) {
-                0..=39 => self.submit_random(),
-                40..=42 => self.fault(),
-                _ => {}
-            }
-            let step = Duration::from_micros(self.rng.gen_range(50..2_000));
-            self.advance(step);
+            self.random_step();
         }
         for l in &mut self.links {
             *l = Link::Up;
@@ -441,13 +446,7 @@ impl Sim {
     fn run_with(&mut self, mut each: impl FnMut(&mut Sim)) {
         for _ in 0..3000 {
             each(self);
-            match self.rng.gen_range(0..100) {
-                0..=39 => self.submit_random(),
-                40..=42 => self.fault(),
-                _ => {}
-            }
-            let step = Duration::from_micros(self.rng.gen_range(50..2_000));
-            self.advance(step);
+            self.random_step();
         }
     }
 }

@@ -324,20 +324,29 @@ pub(crate) struct Outgoing {
     _permits: Permits,
 }
 
+/// Waits for the next reply and takes every other one already waiting (up
+/// to `BATCH`), so that they go out in the same system call. `false` once
+/// the connection's replies have all been sent.
+async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Outgoing>, batch: &mut Vec<Outgoing>) -> bool {
+    let Some(first) = rx.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    while batch.len() < BATCH {
+        match rx.try_recv() {
+            Ok(out) => batch.push(out),
+            Err(_) => break,
+        }
+    }
+    true
+}
+
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        // Everything already waiting goes out in the same system call.
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(out) => batch.push(out),
-                Err(_) => break,
-            }
-        }
+    while next_batch(&mut rx, &mut batch).await {
         let parts: Vec<&[u8]> = batch
             .iter()
             .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
@@ -359,14 +368,7 @@ async fn sock_write_loop<W>(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < BATCH {
-            match rx.try_recv() {
-                Ok(out) => batch.push(out),
-                Err(_) => break,
-            }
-        }
+    while next_batch(&mut rx, &mut batch).await {
         let mut start = 0;
         while start < batch.len() {
             // Bytes up to and including the next reply with file data go
