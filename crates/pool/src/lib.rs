@@ -212,7 +212,12 @@ impl Progress {
 }
 
 /// Writes every slice in order, with as few `writev` calls as the socket
-/// allows.
+/// allows, then flushes.
+///
+/// The flush matters for writers that buffer: TLS accepts plaintext into
+/// its own records and, when the socket is full, returns before they are
+/// sent; without a flush the last replies of a burst would wait for a next
+/// write that never comes. On a bare socket it costs nothing.
 ///
 /// # Errors
 ///
@@ -232,7 +237,7 @@ pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
         }
         at.advance(parts, n);
     }
-    Ok(())
+    wr.flush().await
 }
 
 #[cfg(test)]
@@ -314,6 +319,17 @@ mod tests {
         let mut w = Trickle(Vec::new());
         write_all_vectored(&mut w, &[b"", b""]).await.unwrap();
         assert!(w.0.is_empty());
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_reach_past_a_buffering_writer() {
+        // A writer that holds bytes back until flushed, as TLS does when
+        // the socket is full.
+        let mut w = tokio::io::BufWriter::with_capacity(1024, Vec::new());
+        write_all_vectored(&mut w, &[b"head", b"tail"])
+            .await
+            .unwrap();
+        assert_eq!(w.get_ref(), b"headtail");
     }
 
     #[test]
