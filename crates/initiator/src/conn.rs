@@ -531,6 +531,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 ) {
     let result: io::Result<()> = async {
         let mut batch: Vec<Out> = Vec::with_capacity(64);
+        let mut pace = braid_pool::Pace::new();
         while let Some(first) = rx.recv().await {
             batch.push(first);
             while batch.len() < 64 {
@@ -545,7 +546,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 .flat_map(|o| std::iter::once(&o.header[..]).chain(o.payload.as_deref()))
                 .collect();
             // Headers and payloads of every queued request in one writev.
-            braid_pool::write_all_vectored(&mut wr, &parts).await?;
+            braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
             batch.clear();
             if disc {
                 wr.shutdown().await?;

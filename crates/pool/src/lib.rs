@@ -9,12 +9,16 @@
 //! A [`Buf`] returns to its pool when dropped, and so does a [`Bytes`] made
 //! from one with [`Buf::into_bytes`], whenever its last clone goes.
 //! [`write_all_vectored`] sends many of them (headers and data) in as few
-//! system calls as the socket allows.
+//! system calls as the socket allows, each no larger than the connection's
+//! [`Pace`] suggests.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
+
+mod pace;
+pub use pace::{Pace, MIN_SLICE};
 
 /// The smallest class: 4 KiB.
 const MIN_SHIFT: u32 = 12;
@@ -188,6 +192,23 @@ impl Progress {
             .take(IOV_MAX)
     }
 
+    /// Like [`pending`](Self::pending), but at most `max` bytes in all
+    /// (the last slice cut short).
+    pub fn pending_upto<'a, 'p>(
+        &self,
+        parts: &'p [&'a [u8]],
+        max: usize,
+    ) -> impl Iterator<Item = &'a [u8]> + 'p {
+        let mut left = max;
+        self.pending(parts).map_while(move |p| {
+            (left > 0).then(|| {
+                let take = p.len().min(left);
+                left -= take;
+                &p[..take]
+            })
+        })
+    }
+
     /// Moves past `n` bytes the kernel took.
     pub fn advance(&mut self, parts: &[&[u8]], mut n: usize) {
         while n > 0 {
@@ -211,8 +232,8 @@ impl Progress {
     }
 }
 
-/// Writes every slice in order, with as few `writev` calls as the socket
-/// allows, then flushes.
+/// Writes every slice in order, in as few `writev` calls as the socket and
+/// `pace` allow, then flushes; the time taken is recorded in `pace`.
 ///
 /// The flush matters for writers that buffer: TLS accepts plaintext into
 /// its own records and, when the socket is full, returns before they are
@@ -225,19 +246,27 @@ impl Progress {
 pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     parts: &[&[u8]],
+    pace: &mut Pace,
 ) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
+    let start = std::time::Instant::now();
     let mut at = Progress::new(parts);
+    let mut sent = 0;
     while !at.done(parts) {
-        let slices: Vec<std::io::IoSlice<'_>> =
-            at.pending(parts).map(std::io::IoSlice::new).collect();
+        let slices: Vec<std::io::IoSlice<'_>> = at
+            .pending_upto(parts, pace.slice())
+            .map(std::io::IoSlice::new)
+            .collect();
         let n = wr.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         at.advance(parts, n);
+        sent += n;
     }
-    wr.flush().await
+    wr.flush().await?;
+    pace.record(sent, start.elapsed());
+    Ok(())
 }
 
 #[cfg(test)]
@@ -264,30 +293,44 @@ mod tests {
         assert_eq!(pool.idle_bytes(), 512 * 1024);
     }
 
-    /// A writer that takes at most 7 bytes per call.
-    struct Trickle(Vec<u8>);
+    /// A writer that takes at most `max` bytes per call and remembers what
+    /// each call offered.
+    struct Recorder {
+        max: usize,
+        data: Vec<u8>,
+        offered: Vec<usize>,
+    }
 
-    impl tokio::io::AsyncWrite for Trickle {
+    impl Recorder {
+        fn new(max: usize) -> Self {
+            Self {
+                max,
+                data: Vec::new(),
+                offered: Vec::new(),
+            }
+        }
+    }
+
+    impl tokio::io::AsyncWrite for Recorder {
         fn poll_write(
-            mut self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
             buf: &[u8],
         ) -> std::task::Poll<std::io::Result<usize>> {
-            let n = buf.len().min(7);
-            self.0.extend_from_slice(&buf[..n]);
-            std::task::Poll::Ready(Ok(n))
+            self.poll_write_vectored(cx, &[std::io::IoSlice::new(buf)])
         }
         fn poll_write_vectored(
             mut self: std::pin::Pin<&mut Self>,
             _: &mut std::task::Context<'_>,
             bufs: &[std::io::IoSlice<'_>],
         ) -> std::task::Poll<std::io::Result<usize>> {
+            self.offered.push(bufs.iter().map(|b| b.len()).sum());
             let mut n = 0;
             for b in bufs {
-                let take = (7 - n).min(b.len());
-                self.0.extend_from_slice(&b[..take]);
+                let take = (self.max - n).min(b.len());
+                self.data.extend_from_slice(&b[..take]);
                 n += take;
-                if n == 7 {
+                if n == self.max {
                     break;
                 }
             }
@@ -313,12 +356,36 @@ mod tests {
     #[tokio::test]
     async fn vectored_writes_survive_partial_writes_and_empty_parts() {
         let parts: Vec<&[u8]> = vec![b"", b"header", b"", b"some data here", b"x", b""];
-        let mut w = Trickle(Vec::new());
-        write_all_vectored(&mut w, &parts).await.unwrap();
-        assert_eq!(w.0, b"headersome data herex");
-        let mut w = Trickle(Vec::new());
-        write_all_vectored(&mut w, &[b"", b""]).await.unwrap();
-        assert!(w.0.is_empty());
+        let mut w = Recorder::new(7);
+        write_all_vectored(&mut w, &parts, &mut Pace::new())
+            .await
+            .unwrap();
+        assert_eq!(w.data, b"headersome data herex");
+        let mut w = Recorder::new(7);
+        write_all_vectored(&mut w, &[b"", b""], &mut Pace::new())
+            .await
+            .unwrap();
+        assert!(w.data.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_measured_pace_cuts_writes_into_slices() {
+        let parts: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 100_000]).collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+        let mut w = Recorder::new(usize::MAX);
+        write_all_vectored(&mut w, &refs, &mut Pace::new())
+            .await
+            .unwrap();
+        assert_eq!(w.offered, [300_000], "unmeasured: one call");
+
+        // 100 MB/s: half a millisecond is less than the smallest slice.
+        let mut pace = Pace::new();
+        pace.record(2_000_000, std::time::Duration::from_millis(20));
+        let mut w = Recorder::new(usize::MAX);
+        write_all_vectored(&mut w, &refs, &mut pace).await.unwrap();
+        assert_eq!(w.data, parts.concat());
+        assert_eq!(w.offered.len(), 300_000usize.div_ceil(MIN_SLICE));
+        assert!(w.offered.iter().all(|&n| n <= MIN_SLICE), "{:?}", w.offered);
     }
 
     #[tokio::test]
@@ -326,7 +393,7 @@ mod tests {
         // A writer that holds bytes back until flushed, as TLS does when
         // the socket is full.
         let mut w = tokio::io::BufWriter::with_capacity(1024, Vec::new());
-        write_all_vectored(&mut w, &[b"head", b"tail"])
+        write_all_vectored(&mut w, &[b"head", b"tail"], &mut Pace::new())
             .await
             .unwrap();
         assert_eq!(w.get_ref(), b"headtail");

@@ -346,12 +346,13 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
+    let mut pace = braid_pool::Pace::new();
     while next_batch(&mut rx, &mut batch).await {
         let parts: Vec<&[u8]> = batch
             .iter()
             .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
             .collect();
-        braid_pool::write_all_vectored(&mut wr, &parts).await?;
+        braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
         // Permits are released only now that the replies are on the wire.
         batch.clear();
     }
@@ -363,7 +364,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 /// data. `_wr` is the stream's write half, kept (unused) so the stream is
 /// not shut down under the duplicate descriptor.
 async fn sock_write_loop<W>(
-    sock: sock::SockWriter,
+    mut sock: sock::SockWriter,
     _wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {

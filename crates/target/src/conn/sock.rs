@@ -3,11 +3,13 @@
 //! file into the socket, so READ data is not copied through user space.
 //!
 //! It writes through its own duplicate of the socket descriptor, watched
-//! for writability by tokio, while the reader keeps the original stream.
+//! for writability by tokio, while the reader keeps the original stream,
+//! and no call sends more than the connection's [`Pace`] suggests.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use braid_pool::Pace;
 use tokio::io::unix::AsyncFd;
 
 use super::execute::FileData;
@@ -15,6 +17,7 @@ use super::execute::FileData;
 /// Writes replies to a socket by descriptor.
 pub(crate) struct SockWriter {
     fd: AsyncFd<OwnedFd>,
+    pace: Pace,
 }
 
 impl SockWriter {
@@ -37,20 +40,26 @@ impl SockWriter {
         // the AsyncFd that owns it is dropped.
         let fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::WRITABLE) }
             .map_err(|e| io::Error::other(e.to_string()))?;
-        Ok(Self { fd })
+        Ok(Self {
+            fd,
+            pace: Pace::new(),
+        })
     }
 
-    /// Writes every slice, in as few `writev` calls as the socket takes.
+    /// Writes every slice, in as few `writev` calls as the socket and the
+    /// pace allow.
     ///
     /// # Errors
     ///
     /// The socket's error.
-    pub async fn writev(&self, parts: &[&[u8]]) -> io::Result<()> {
+    pub async fn writev(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let start = std::time::Instant::now();
         let mut at = braid_pool::Progress::new(parts);
+        let mut sent = 0;
         while !at.done(parts) {
             let mut guard = self.fd.writable().await?;
             let iov: Vec<libc::iovec> = at
-                .pending(parts)
+                .pending_upto(parts, self.pace.slice())
                 .map(|p| libc::iovec {
                     iov_base: p.as_ptr() as *mut libc::c_void,
                     iov_len: p.len(),
@@ -67,11 +76,15 @@ impl SockWriter {
             });
             match result {
                 Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(Ok(n)) => at.advance(parts, n),
+                Ok(Ok(n)) => {
+                    at.advance(parts, n);
+                    sent += n;
+                }
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
             }
         }
+        self.pace.record(sent, start.elapsed());
         Ok(())
     }
 
@@ -81,7 +94,8 @@ impl SockWriter {
     ///
     /// The socket's or file's error, or the file ended early (the reply's
     /// header already promised the bytes, so the connection must end).
-    pub async fn sendfile(&self, data: &FileData) -> io::Result<()> {
+    pub async fn sendfile(&mut self, data: &FileData) -> io::Result<()> {
+        let start = std::time::Instant::now();
         let file = data
             .backend
             .zero_copy_fd()
@@ -89,11 +103,12 @@ impl SockWriter {
         let mut offset = data.offset as libc::off_t;
         let mut left = data.len;
         while left > 0 {
+            let slice = left.min(self.pace.slice());
             let mut guard = self.fd.writable().await?;
             let result = guard.try_io(|fd| {
                 // SAFETY: both descriptors are open; sendfile advances
                 // `offset` and reads nothing else.
-                let n = unsafe { libc::sendfile(fd.as_raw_fd(), file, &mut offset, left) };
+                let n = unsafe { libc::sendfile(fd.as_raw_fd(), file, &mut offset, slice) };
                 if n < 0 {
                     Err(io::Error::last_os_error())
                 } else {
@@ -112,6 +127,7 @@ impl SockWriter {
                 Err(_would_block) => continue,
             }
         }
+        self.pace.record(data.len, start.elapsed());
         Ok(())
     }
 
