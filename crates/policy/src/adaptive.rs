@@ -7,6 +7,17 @@
 //! minimises that for one chunk; `plan` splits a large request so that all
 //! the paths it uses finish together (see [`share`]). The figures are the
 //! engine's measurements; this module never measures anything itself.
+//!
+//! Paths whose measured rates are within [`ALIKE`] of each other, and which
+//! all have at least [`BUSY`] bytes queued, are instead given even queues.
+//! A path that never runs dry delivers its link's rate whatever the split,
+//! and completions clock the traffic: a path is sent more as soon as it
+//! has drained. Rates that close are within what a busy machine distorts:
+//! measured while the CPU, not the link, is the bottleneck, a path's rate
+//! follows how much was queued on it, so splitting by it drifts towards
+//! whichever path happened to get more (shares of 16% / 84% over two equal
+//! links). Rates further apart are real, and even queues would tie the
+//! caller's requests to the slow path's long queue: there the rates rule.
 
 mod share;
 
@@ -23,6 +34,16 @@ use crate::{Assignment, PathView, Policy, Request, SplitRules};
 /// enough to be worth acting on, so smaller shares are folded into the
 /// others and requests up to this size are never split.
 pub const MIN_SPLIT: u64 = 64 * 1024;
+
+/// Bytes in flight from which a path counts as busy (see the module
+/// documentation): four [`MIN_SPLIT`] pieces, 2 ms of a gigabit link, so
+/// that queue depth 1 (paths idle between requests) and small random I/O
+/// (a few KiB per path) keep the rate model.
+const BUSY: u64 = 4 * MIN_SPLIT;
+
+/// The largest ratio of measured rates still treated as equal links when
+/// every path is busy (see the module documentation).
+const ALIKE: f64 = 2.0;
 
 /// Throughput assumed for every path while none has been measured: any
 /// value would do as long as all paths get the same one, and a realistic
@@ -70,8 +91,11 @@ impl Policy for Adaptive {
         if req.len <= min {
             return plan::whole(self, req, paths, rules);
         }
-        let models = models(paths);
         let mut active: Vec<usize> = (0..paths.len()).filter(|&i| paths[i].usable).collect();
+        let mut models = models(paths);
+        if alike_and_busy(&models, &active, paths) {
+            models = queue_models(paths);
+        }
         loop {
             let shares = share::water_fill(&models, &active, req.len, rules.align);
             if shares.len() <= 1 {
@@ -130,6 +154,27 @@ fn models(paths: &[PathView]) -> Vec<Model> {
                 start: latency + p.inflight_bytes as f64 / rate,
                 rate,
             }
+        })
+        .collect()
+}
+
+/// Every path in `active` has [`BUSY`] bytes queued, and their rates are
+/// within [`ALIKE`] of each other.
+fn alike_and_busy(models: &[Model], active: &[usize], paths: &[PathView]) -> bool {
+    let rates = || active.iter().map(|&i| models[i].rate);
+    let fastest = rates().fold(0.0, f64::max);
+    let slowest = rates().fold(f64::INFINITY, f64::min);
+    active.iter().all(|&i| paths[i].inflight_bytes >= BUSY) && fastest <= ALIKE * slowest
+}
+
+/// Models in which every path moves bytes at the same rate and starts once
+/// its queue is drained: water-filling them evens out bytes in flight.
+fn queue_models(paths: &[PathView]) -> Vec<Model> {
+    paths
+        .iter()
+        .map(|p| Model {
+            start: p.inflight_bytes as f64 / NOMINAL_THROUGHPUT,
+            rate: NOMINAL_THROUGHPUT,
         })
         .collect()
 }

@@ -105,6 +105,44 @@ fn adaptive_plan_gives_a_busy_path_less() {
     );
 }
 
+/// A path with `bytes` in flight, measured at `rate` bytes per second.
+fn queued(bytes: u64, rate: f64) -> PathView {
+    PathView {
+        inflight_bytes: bytes,
+        throughput: rate,
+        ..gbit()
+    }
+}
+
+#[test]
+fn adaptive_plan_evens_out_queues_of_busy_paths_with_rates_alike() {
+    // Rates say 3 to 2, but both paths have plenty queued: the request
+    // brings both queues to the same level (4.5 MiB).
+    let paths = [queued(4 << 20, 90e6), queued(1 << 20, 60e6)];
+    assert_eq!(
+        bytes_per_path(&plan_of(4 << 20, &paths), 2),
+        [512 << 10, 3584 << 10]
+    );
+}
+
+#[test]
+fn adaptive_plan_keeps_rates_for_busy_paths_far_apart() {
+    // By rates the slow path is 84 ms behind; the fast one takes it all.
+    let paths = [queued(4 << 20, 117e6), queued(1 << 20, 11.7e6)];
+    assert_eq!(bytes_per_path(&plan_of(4 << 20, &paths), 2), [4 << 20, 0]);
+}
+
+#[test]
+fn adaptive_plan_keeps_rates_while_one_path_is_below_busy() {
+    // Split by rates so both finish together (about 58 ms from now), not
+    // into even queues (which would be 512 KiB and 3.5 MiB).
+    let paths = [queued(4 << 20, 90e6), queued(BUSY - 4096, 60e6)];
+    assert_eq!(
+        bytes_per_path(&plan_of(4 << 20, &paths), 2),
+        [243 * 4096, 781 * 4096]
+    );
+}
+
 #[test]
 fn adaptive_plan_skips_a_path_still_busy_when_the_others_would_finish() {
     let paths = [
