@@ -530,16 +530,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     sink: Arc<dyn Sink>,
 ) {
     let result: io::Result<()> = async {
-        let mut batch: Vec<Out> = Vec::with_capacity(64);
+        let mut batch: Vec<Out> = Vec::with_capacity(braid_pool::BATCH);
         let mut pace = braid_pool::Pace::new();
-        while let Some(first) = rx.recv().await {
-            batch.push(first);
-            while batch.len() < 64 {
-                match rx.try_recv() {
-                    Ok(out) => batch.push(out),
-                    Err(_) => break,
-                }
-            }
+        while braid_pool::next_batch(&mut rx, &mut batch).await {
             let disc = batch.iter().any(|o| o.disc);
             let parts: Vec<&[u8]> = batch
                 .iter()

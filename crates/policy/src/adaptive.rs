@@ -161,10 +161,13 @@ fn models(paths: &[PathView]) -> Vec<Model> {
 /// Every path in `active` has [`BUSY`] bytes queued, and their rates are
 /// within [`ALIKE`] of each other.
 fn alike_and_busy(models: &[Model], active: &[usize], paths: &[PathView]) -> bool {
+    if !active.iter().all(|&i| paths[i].inflight_bytes >= BUSY) {
+        return false;
+    }
     let rates = || active.iter().map(|&i| models[i].rate);
     let fastest = rates().fold(0.0, f64::max);
     let slowest = rates().fold(f64::INFINITY, f64::min);
-    active.iter().all(|&i| paths[i].inflight_bytes >= BUSY) && fastest <= ALIKE * slowest
+    fastest <= ALIKE * slowest
 }
 
 /// Models in which every path moves bytes at the same rate and starts once

@@ -10,7 +10,8 @@
 //! from one with [`Buf::into_bytes`], whenever its last clone goes.
 //! [`write_all_vectored`] sends many of them (headers and data) in as few
 //! system calls as the socket allows, each no larger than the connection's
-//! [`Pace`] suggests.
+//! [`Pace`] suggests; [`next_batch`] gathers what a writer's queue holds
+//! into one such write.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -230,6 +231,29 @@ impl Progress {
             self.off = 0;
         }
     }
+}
+
+/// The most messages a writer takes from its queue for one batch.
+pub const BATCH: usize = 64;
+
+/// Waits for the next message and takes every other one already waiting
+/// (up to [`BATCH`] in `batch`), so that they go out in the same system
+/// call. `false` once the queue is closed and empty.
+pub async fn next_batch<T>(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<T>,
+    batch: &mut Vec<T>,
+) -> bool {
+    let Some(first) = rx.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    while batch.len() < BATCH {
+        match rx.try_recv() {
+            Ok(out) => batch.push(out),
+            Err(_) => break,
+        }
+    }
+    true
 }
 
 /// Writes every slice in order, in as few `writev` calls as the socket and

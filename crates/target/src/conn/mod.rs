@@ -324,30 +324,13 @@ pub(crate) struct Outgoing {
     _permits: Permits,
 }
 
-/// Waits for the next reply and takes every other one already waiting (up
-/// to `BATCH`), so that they go out in the same system call. `false` once
-/// the connection's replies have all been sent.
-async fn next_batch(rx: &mut mpsc::UnboundedReceiver<Outgoing>, batch: &mut Vec<Outgoing>) -> bool {
-    let Some(first) = rx.recv().await else {
-        return false;
-    };
-    batch.push(first);
-    while batch.len() < BATCH {
-        match rx.try_recv() {
-            Ok(out) => batch.push(out),
-            Err(_) => break,
-        }
-    }
-    true
-}
-
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
-    let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(braid_pool::BATCH);
     let mut pace = braid_pool::Pace::new();
-    while next_batch(&mut rx, &mut batch).await {
+    while braid_pool::next_batch(&mut rx, &mut batch).await {
         let parts: Vec<&[u8]> = batch
             .iter()
             .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
@@ -368,8 +351,8 @@ async fn sock_write_loop<W>(
     _wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), ConnError> {
-    let mut batch: Vec<Outgoing> = Vec::with_capacity(BATCH);
-    while next_batch(&mut rx, &mut batch).await {
+    let mut batch: Vec<Outgoing> = Vec::with_capacity(braid_pool::BATCH);
+    while braid_pool::next_batch(&mut rx, &mut batch).await {
         let mut start = 0;
         while start < batch.len() {
             // Bytes up to and including the next reply with file data go
@@ -393,9 +376,6 @@ async fn sock_write_loop<W>(
     sock.shutdown();
     Ok(())
 }
-
-/// Replies written per batch at most.
-const BATCH: usize = 64;
 
 struct Reader {
     style: ReplyStyle,
