@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use braid_initiator::{NbdUri, Volume, VolumeConfig};
-use braid_target::backend::MemBackend;
+use braid_target::backend::FileBackend;
 use braid_target::portal::Portal;
 use braid_target::source::{format_size, parse_size};
 use braid_target::{Export, Exports, Limits, Target};
@@ -40,7 +40,7 @@ async fn demo(size: u64, step: Duration) -> Result<()> {
     let export = Arc::new(Export::local(
         "demo",
         "braid demo volume (memory)",
-        Arc::new(MemBackend::new(size)),
+        Arc::new(FileBackend::memory(size).context("cannot make the demo volume")?),
         false,
         uuid::Uuid::new_v4(),
     ));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use braid_target::access::Network;
-use braid_target::backend::{Backend, FileBackend, MemBackend};
+use braid_target::backend::{Backend, FileBackend};
 use braid_target::identity::{default_state_dir, IdentityStore};
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
 use braid_target::source::{format_size, parse_size, ExportSpec, Source};
@@ -307,7 +307,10 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
     let mut list = Vec::new();
     for spec in &cfg.exports {
         let (backend, description): (Arc<dyn Backend>, String) = match &spec.source {
-            Source::Mem(size) => (Arc::new(MemBackend::new(*size)), "memory".into()),
+            Source::Mem(size) => (
+                Arc::new(FileBackend::memory(*size).context("cannot make a memory volume")?),
+                "memory".into(),
+            ),
             Source::File(path) => {
                 create_if_missing(path, cfg.create.get(&spec.name).copied())?;
                 let b = FileBackend::open(path, cfg.read_only)

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_lab::{Cut, Lab, LabConfig, Rate, Side};
-use braid_target::backend::MemBackend;
+use braid_target::backend::FileBackend;
 use braid_target::portal::Portal;
 use braid_target::registry::Registry;
 use braid_target::{Export, Exports, Limits, StopHandle, Target};
@@ -241,7 +241,7 @@ fn in_process_target<'s>(scope: &'s std::thread::Scope<'s, '_>, lab: &'s Lab) ->
                 let export = Arc::new(Export::local(
                     "vol",
                     "held",
-                    Arc::new(MemBackend::new(16 << 20)),
+                    Arc::new(FileBackend::memory(16 << 20).unwrap()),
                     false,
                     uuid_v4(),
                 ));

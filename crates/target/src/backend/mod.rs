@@ -1,17 +1,15 @@
 //! Where an export's bytes live: the [`Backend`] trait and its
-//! implementations (a file or block device, or sparse memory).
+//! implementation for a file, a block device or sparse memory.
 //!
 //! Backends are synchronous and assume valid input: offsets and lengths
 //! were checked against the export at the protocol edge
 //! ([`braid_proto::Request::validate`]) before any call reaches them.
 
 mod file;
-mod mem;
 
 use std::io;
 
 pub use file::FileBackend;
-pub use mem::MemBackend;
 
 /// What a backend can do, as nbdkit's `can_*` callbacks say it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

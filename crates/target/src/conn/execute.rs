@@ -305,7 +305,7 @@ fn clamp(found: &[crate::backend::Extent], len: u64) -> Vec<WireExtent> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Extent, MemBackend};
+    use crate::backend::{Extent, FileBackend};
     use braid_proto::reply::ReplyHeader;
     use braid_proto::wire::state;
 
@@ -381,7 +381,7 @@ mod tests {
 
     #[test]
     fn write_then_read_structured_and_simple() {
-        let m: Arc<dyn Backend> = Arc::new(MemBackend::new(1 << 20));
+        let m: Arc<dyn Backend> = Arc::new(FileBackend::memory(1 << 20).unwrap());
         for structured in [true, false] {
             let s = style(structured, vec![]);
             let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(pooled(b"abc")));
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn block_status_one_chunk_per_context_last_done() {
-        let m: Arc<dyn Backend> = Arc::new(MemBackend::new(1 << 20));
+        let m: Arc<dyn Backend> = Arc::new(FileBackend::memory(1 << 20).unwrap());
         m.write_at(&[1], 0, false).unwrap();
         let ctxs = vec![
             SelectedContext {
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn fast_zero_on_a_slow_backend_is_enotsup() {
         #[derive(Debug)]
-        struct Slow(MemBackend);
+        struct Slow(FileBackend);
         impl Backend for Slow {
             fn size(&self) -> u64 {
                 self.0.size()
@@ -481,7 +481,7 @@ mod tests {
                 Ok(())
             }
         }
-        let b: Arc<dyn Backend> = Arc::new(Slow(MemBackend::new(100)));
+        let b: Arc<dyn Backend> = Arc::new(Slow(FileBackend::memory(100).unwrap()));
         let r = execute(
             &b,
             &style(false, vec![]),
