@@ -231,6 +231,20 @@ const STALE_ESTIMATE: Duration = Duration::from_secs(1);
 /// Non-data requests are cut into pieces no larger than this.
 const NONDATA_PIECE: u64 = 1 << 30;
 
+/// A path's share of a write goes out as requests of at most this many
+/// bytes, one after another on the path.
+///
+/// A target applies a write only once its whole payload has arrived (so
+/// a client that vanishes mid-payload changes nothing), and replies after
+/// that: the time to apply the last request of a share is link time lost,
+/// since the next request waits for the reply. Cut into pieces, the
+/// earlier ones are applied while the later ones are still on the wire,
+/// and only the last one's is exposed. Measured on the lab, 1 MiB writes
+/// at queue depth 1 (alternating runs): 4 × 1gbit 446-455 -> 463-465 MB/s
+/// of a 469 MB/s limit, 2 × 1gbit 221-225 -> 232-234 of 235; queue
+/// depth 16 unchanged (paths busy with the next requests hide it anyway).
+const WRITE_PIECE: u64 = 64 * 1024;
+
 #[derive(Clone, Debug)]
 struct Piece {
     req: ReqId,
@@ -372,8 +386,21 @@ impl Engine {
                         at += n.max(1);
                     }
                 } else {
+                    let step = if s.op == Op::Write {
+                        WRITE_PIECE.max(self.cfg.split.align)
+                    } else {
+                        u64::MAX
+                    };
                     for a in plan {
-                        placed.push((piece(a.offset, a.len), Some(a.path)));
+                        let mut at = 0;
+                        loop {
+                            let n = (a.len - at).min(step);
+                            placed.push((piece(a.offset + at, n), Some(a.path)));
+                            at += n;
+                            if at >= a.len {
+                                break;
+                            }
+                        }
                     }
                 }
             }

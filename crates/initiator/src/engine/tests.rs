@@ -127,6 +127,42 @@ fn large_request_at_depth_one_uses_every_path() {
 }
 
 #[test]
+fn a_paths_share_of_a_write_goes_as_consecutive_pieces() {
+    let mut h = Harness::new("adaptive", 2, EngineConfig::default());
+    let w = h.submit(Op::Write, 1 << 20, 1 << 20);
+    assert_eq!(h.paths_used(), vec![0, 1]);
+    for path in [0, 1] {
+        let mut mine: Vec<&SendChunk> = h.sent.iter().filter(|s| s.path.0 == path).collect();
+        mine.sort_by_key(|s| s.offset);
+        assert!(mine.len() > 1, "path {path} got its share in one request");
+        for pair in mine.windows(2) {
+            assert_eq!(pair[0].offset + u64::from(pair[0].len), pair[1].offset);
+        }
+        assert!(mine.iter().all(|s| u64::from(s.len) <= WRITE_PIECE));
+    }
+    let mut all: Vec<(u64, u64)> = h
+        .sent
+        .iter()
+        .map(|s| (s.offset, u64::from(s.len)))
+        .collect();
+    all.sort_unstable();
+    let mut at = 1 << 20;
+    for (offset, len) in all {
+        assert_eq!(offset, at, "pieces cover the request once, in order");
+        at += len;
+    }
+    assert_eq!(at, 2 << 20);
+    // A read's share stays one request per path.
+    let sent = std::mem::take(&mut h.sent);
+    let r = h.submit(Op::Read, 0, 1 << 20);
+    assert_eq!(h.sent.len(), 2);
+    h.sent.extend(sent);
+    h.reply_all(true);
+    assert_eq!(h.done[&w], Ok(()));
+    assert_eq!(h.done[&r], Ok(()));
+}
+
+#[test]
 fn failover_policy_keeps_standby_idle() {
     let mut h = Harness::new("failover", 2, EngineConfig::default());
     h.submit(Op::Write, 0, 4 << 20);
