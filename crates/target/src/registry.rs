@@ -51,7 +51,7 @@ impl Conn {
     /// Whether a fence closed this connection: requests not yet started
     /// are dropped instead of executed.
     pub fn fenced(&self) -> bool {
-        self.fenced.load(Ordering::Acquire)
+        self.fenced.load(Ordering::SeqCst)
     }
 
     /// Whether requests are being held before the backend (test hook).
@@ -72,11 +72,17 @@ impl Conn {
 
     /// Requests received and not yet finished with the backend.
     pub fn inflight(&self) -> usize {
-        self.inflight.load(Ordering::Acquire)
+        self.inflight.load(Ordering::SeqCst)
     }
 
     pub(crate) fn begin(&self) {
-        self.inflight.fetch_add(1, Ordering::AcqRel);
+        // Sequentially consistent with the fence's store of `fenced` and its
+        // read of `inflight`: a request beginning while a fence starts then
+        // either sees the fence (and is dropped) or is seen by its drain
+        // (which waits for it). With acquire/release alone each side may
+        // miss the other's write (store buffering), letting a stale write
+        // land after the fence has answered.
+        self.inflight.fetch_add(1, Ordering::SeqCst);
     }
 
     pub(crate) fn end(&self) {
@@ -174,7 +180,7 @@ impl Registry {
             ids.iter().filter_map(|id| conns.get(id).cloned()).collect()
         };
         for conn in &targets {
-            conn.fenced.store(true, Ordering::Release);
+            conn.fenced.store(true, Ordering::SeqCst);
             // Held requests have not started: they are dropped now.
             conn.hold_changed.notify_waiters();
             let tasks = std::mem::take(&mut *conn.tasks.lock().unwrap_or_else(|p| p.into_inner()));
