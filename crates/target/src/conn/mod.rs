@@ -11,12 +11,14 @@
 
 mod execute;
 mod forwarded;
+mod payload;
 mod sock;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_pool::{Buf, Pool};
+use braid_pool::Buf;
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
     Command, Errno, ProtoError, Request, ServerConfig, ServerEvent, ServerHandshake, Session,
@@ -24,12 +26,13 @@ use braid_proto::{
 };
 use bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::{debug, info};
 
 use crate::export::{Export, Exports, Storage};
 use crate::registry::{Conn, Registry};
 pub(crate) use execute::{error_reply, Reply, ReplyStyle};
+use writer::{Outgoing, Permits};
 
 /// Bounds on what clients may hold, so that one that floods or stalls is
 /// cut off without hurting the others.
@@ -266,8 +269,8 @@ async fn transmission(
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let zero_copy = sock.is_some();
     let writer = match sock {
-        Some(sock) => tokio::spawn(sock_write_loop(sock, wr, rx)),
-        None => tokio::spawn(write_loop(wr, rx)),
+        Some(sock) => tokio::spawn(writer::sock_write_loop(sock, wr, rx)),
+        None => tokio::spawn(writer::write_loop(wr, rx)),
     };
     conn.own(writer.abort_handle());
     let reader = tokio::spawn(read_loop(
@@ -307,74 +310,6 @@ async fn transmission(
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
     read_result
-}
-
-/// What a request holds while in flight: a request slot, and its payload
-/// bytes on the connection's and on the server's budget.
-pub(crate) struct Permits {
-    _request: OwnedSemaphorePermit,
-    _bytes: Option<OwnedSemaphorePermit>,
-    _global: Option<OwnedSemaphorePermit>,
-}
-
-/// A reply and the permits it holds until it is on the socket, so a client
-/// that stops reading replies stops being read from.
-pub(crate) struct Outgoing {
-    reply: Reply,
-    _permits: Permits,
-}
-
-async fn write_loop<W: AsyncWrite + Unpin>(
-    mut wr: W,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
-) -> Result<(), ConnError> {
-    let mut batch: Vec<Outgoing> = Vec::with_capacity(braid_pool::BATCH);
-    let mut pace = braid_pool::Pace::new();
-    while braid_pool::next_batch(&mut rx, &mut batch).await {
-        let parts: Vec<&[u8]> = batch
-            .iter()
-            .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
-            .collect();
-        braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
-        // Permits are released only now that the replies are on the wire.
-        batch.clear();
-    }
-    wr.shutdown().await.ok();
-    Ok(())
-}
-
-/// The writer of a plain socket: `writev` for bytes, `sendfile` for file
-/// data. `_wr` is the stream's write half, kept (unused) so the stream is
-/// not shut down under the duplicate descriptor.
-async fn sock_write_loop<W>(
-    mut sock: sock::SockWriter,
-    _wr: W,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
-) -> Result<(), ConnError> {
-    let mut batch: Vec<Outgoing> = Vec::with_capacity(braid_pool::BATCH);
-    while braid_pool::next_batch(&mut rx, &mut batch).await {
-        let mut start = 0;
-        while start < batch.len() {
-            // Bytes up to and including the next reply with file data go
-            // in one writev; then its file data, with sendfile.
-            let end = batch[start..]
-                .iter()
-                .position(|o| o.reply.file.is_some())
-                .map_or(batch.len(), |i| start + i + 1);
-            let parts: Vec<&[u8]> = batch[start..end]
-                .iter()
-                .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
-                .collect();
-            sock.writev(&parts).await?;
-            if let Some(file) = &batch[end - 1].reply.file {
-                sock.sendfile(file).await?;
-            }
-            start = end;
-        }
-        batch.clear();
-    }
-    sock.shutdown();
-    Ok(())
 }
 
 struct Reader {
@@ -437,7 +372,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             if skip > MAX_DISCARD {
                 return Err(ConnError::HugeRefusedWrite(req.length));
             }
-            discard(&mut rd, &mut buf, skip).await?;
+            payload::discard(&mut rd, &mut buf, skip).await?;
             r.refuse(&req, errno).await;
             continue;
         }
@@ -468,7 +403,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             (None, None)
         };
         let payload = if req.command == Command::Write {
-            Some(read_payload(&mut rd, &mut buf, req.length as usize).await?)
+            Some(payload::read_payload(&mut rd, &mut buf, req.length as usize).await?)
         } else {
             None
         };
@@ -639,37 +574,4 @@ fn count(conn: &Conn, req: &Request, reply: &Reply) {
             s.others.fetch_add(1, Relaxed);
         }
     }
-}
-
-async fn read_payload<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
-    len: usize,
-) -> std::io::Result<Buf> {
-    // The length was checked against the maximum payload and its bytes
-    // taken from the connection's and the server's budgets: the buffer is
-    // bounded before it is taken.
-    let mut payload = Pool::global().get(len);
-    let have = buf.len().min(len);
-    payload[..have].copy_from_slice(&buf[..have]);
-    buf.advance(have);
-    rd.read_exact(&mut payload[have..]).await?;
-    Ok(payload)
-}
-
-async fn discard<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    buf: &mut BytesMut,
-    mut len: u64,
-) -> std::io::Result<()> {
-    let have = (buf.len() as u64).min(len) as usize;
-    buf.advance(have);
-    len -= have as u64;
-    let mut sink = [0u8; 16 * 1024];
-    while len > 0 {
-        let n = (len as usize).min(sink.len());
-        rd.read_exact(&mut sink[..n]).await?;
-        len -= n as u64;
-    }
-    Ok(())
 }
