@@ -112,7 +112,8 @@ def markdown(res, suffix):
         "addresses (`ip mptcp endpoint ... signal`), the client accepts them (`ip mptcp limits`), and "
         "nbdkit, nbdcopy and fio run under `mptcpize run`; the subflows seen are noted. "
         "*Path shares*: braid's own per-path byte counts, then (wire) the bytes each client veth "
-        "carried in the workload's direction. *CPU* is the whole machine's busy share during the run. "
+        "carried in the workload's direction. *CPU* is the whole machine's busy share during the run, "
+        "including the time the hypervisor took from it (steal, shown when 1% or more). "
         f"Runs last {o['time_adaptive']} s for adaptive and {o['time_other']} s for other policies; "
         f"iperf3 {o['iperf_alone']} s per path alone and {o['iperf_all']} s for all paths.",
         "",
@@ -189,6 +190,15 @@ def limit_caveat(sc):
     return [f"The all-paths limit ({', '.join(low)} MB/s) is well below the links' goodput "
             f"(~{nominal:.0f} MB/s){cpu}: on this machine the CPU, not the links, sets it, so ratios here "
             f"compare against what the machine can move (and a peer can exceed 1.00)."]
+
+
+def cpu(row):
+    """The CPU column: busy share, and the steal within it when it shows."""
+    text = f"{fmt(row.get('cpu_pct'), 0)}%"
+    steal = row.get("steal_pct")
+    if steal is not None and steal >= 1:
+        text += f" ({steal:.0f}% steal)"
+    return text
 
 
 def scenario_md(sc, suffix):
@@ -307,7 +317,7 @@ def full_table(sc):
         iops = r.get("iops")
         out.append(f"| {esc(r['tool'])} | {esc(r['workload'])} | {fmt(r.get('mb_s'))} | "
                    f"{fmt(iops, 0) if iops else ''} | {fmt(x, 2) if x is not None else ''} | {latency} | "
-                   f"{shares} | {fmt(r.get('cpu_pct'), 0)}% | {esc('; '.join(r.get('notes') or []))} |")
+                   f"{shares} | {cpu(r)} | {esc('; '.join(r.get('notes') or []))} |")
     return out + ["", "</details>", ""]
 
 
