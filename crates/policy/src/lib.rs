@@ -78,6 +78,15 @@ pub trait Policy: Send {
     fn plan(&mut self, req: &Request, paths: &[PathView], rules: &SplitRules) -> Vec<Assignment> {
         plan::spread(self, req, paths, rules)
     }
+
+    /// Whether a READ or WRITE should wait for the next reply instead of
+    /// being placed now: the policy knows too little about every usable
+    /// path to place it, and what it lacks comes with replies. The engine
+    /// asks before placing each such request and again as replies arrive;
+    /// it must answer `false` once no reply is awaited on some usable path.
+    fn hold(&self, _paths: &[PathView]) -> bool {
+        false
+    }
 }
 
 /// Knobs some policies take; the rest ignore them.

@@ -17,10 +17,13 @@
 //!   newer one;
 //! - a FLUSH is sent only once every write submitted before it has been
 //!   acknowledged, on whichever path;
+//! - a READ or WRITE is held, in order, while the policy asks for it (it
+//!   knows nothing yet of any usable path, and a reply will tell it);
 //! - with no usable path, chunks wait up to the no-path timeout, then their
 //!   requests fail with EIO; nothing is completed that the target did not
 //!   acknowledge.
 
+mod held;
 pub mod path;
 #[cfg(test)]
 mod sim;
@@ -257,6 +260,22 @@ struct Piece {
     since: Duration,
 }
 
+impl Piece {
+    /// Bytes `[req_offset, req_offset + len)` of request `req`, submitted
+    /// as `s` at `since`.
+    fn of(req: ReqId, s: &Submit, req_offset: u64, len: u64, since: Duration) -> Self {
+        Self {
+            req,
+            op: s.op,
+            flags: s.flags,
+            offset: s.offset + req_offset,
+            len: len as u32,
+            req_offset,
+            since,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Chunk {
     piece: Option<Piece>,
@@ -293,6 +312,9 @@ pub struct Engine {
     held_flushes: Vec<(Piece, u64)>,
     /// Pieces waiting for any usable path.
     waiting: VecDeque<Piece>,
+    /// READs and WRITEs the policy holds until replies tell it more
+    /// (see `Policy::hold`), in submission order, with when each came.
+    held: VecDeque<(ReqId, Submit, Duration)>,
     /// Per path: writes waiting for that path's fence.
     fence_hold: Vec<Vec<Piece>>,
     actions: VecDeque<Action>,
@@ -313,6 +335,7 @@ impl Engine {
             open_writes: BTreeSet::new(),
             held_flushes: Vec::new(),
             waiting: VecDeque::new(),
+            held: VecDeque::new(),
             fence_hold: Vec::new(),
             actions: VecDeque::new(),
             views: Vec::new(),
@@ -360,49 +383,12 @@ impl Engine {
             self.open_writes.insert(seq);
             seq
         });
-        let piece = |req_offset: u64, len: u64| Piece {
-            req: id,
-            op: s.op,
-            flags: s.flags,
-            offset: s.offset + req_offset,
-            len: len as u32,
-            req_offset,
-            since: now,
-        };
+        let piece = |req_offset: u64, len: u64| Piece::of(id, &s, req_offset, len, now);
         let mut placed: Vec<(Piece, Option<usize>)> = Vec::new();
         match s.op {
             Op::Read | Op::Write => {
-                self.refresh_views(now);
-                let req = PolicyRequest {
-                    len: s.len,
-                    write: s.op == Op::Write,
-                };
-                let plan = self.policy.plan(&req, &self.views, &self.cfg.split);
-                if plan.is_empty() {
-                    let mut at = 0;
-                    while at < s.len || (at == 0 && s.len == 0) {
-                        let n = (s.len - at).min(self.cfg.split.max.max(1));
-                        placed.push((piece(at, n), None));
-                        at += n.max(1);
-                    }
-                } else {
-                    let step = if s.op == Op::Write {
-                        WRITE_PIECE.max(self.cfg.split.align)
-                    } else {
-                        u64::MAX
-                    };
-                    for a in plan {
-                        let mut at = 0;
-                        loop {
-                            let n = (a.len - at).min(step);
-                            placed.push((piece(a.offset + at, n), Some(a.path)));
-                            at += n;
-                            if at >= a.len {
-                                break;
-                            }
-                        }
-                    }
-                }
+                self.submit_data(now, id, s, write_seq);
+                return id;
             }
             Op::Flush => {
                 let covers = self.next_write_seq - 1;
@@ -456,6 +442,11 @@ impl Engine {
     /// A reply to the chunk `cookie` arrived: `Ok`, or the error the target
     /// sent. Replies for chunks already moved elsewhere are ignored.
     pub fn reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
+        self.take_reply(now, cookie, outcome);
+        self.release_held(now);
+    }
+
+    fn take_reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
         let Some(chunk) = self.chunks.remove(&cookie.0) else {
             return;
         };
@@ -563,6 +554,7 @@ impl Engine {
         for piece in waiting {
             self.dispatch(now, piece);
         }
+        self.release_held(now);
     }
 
     /// A path failed (socket error, timeout, protocol violation): its
@@ -638,6 +630,7 @@ impl Engine {
             queued,
         }));
         self.schedule_reconnect(path);
+        self.release_held(now);
     }
 
     /// A reconnect attempt failed; try again later, backing off.
@@ -680,6 +673,7 @@ impl Engine {
         if let Some(p) = self.paths.get_mut(path.0) {
             p.wire(now, bytes, min_rtt);
         }
+        self.release_held(now);
     }
 
     /// Takes a path out of use (maintenance) or puts it back. Chunks in
@@ -695,6 +689,7 @@ impl Engine {
                 self.dispatch(now, piece);
             }
         }
+        self.release_held(now);
     }
 
     /// Time passes: detects paths that stopped answering, probes idle
@@ -744,6 +739,7 @@ impl Engine {
             }
         }
         self.expire(now);
+        self.release_held(now);
     }
 
     fn probe(&mut self, now: Duration, path: usize) {

@@ -152,13 +152,12 @@ fn a_paths_share_of_a_write_goes_as_consecutive_pieces() {
         at += len;
     }
     assert_eq!(at, 2 << 20);
-    // A read's share stays one request per path.
-    let sent = std::mem::take(&mut h.sent);
-    let r = h.submit(Op::Read, 0, 1 << 20);
-    assert_eq!(h.sent.len(), 2);
-    h.sent.extend(sent);
     h.reply_all(true);
     assert_eq!(h.done[&w], Ok(()));
+    // A read's share stays one request per path.
+    let r = h.submit(Op::Read, 0, 1 << 20);
+    assert_eq!(h.sent.len(), 2);
+    h.reply_all(true);
     assert_eq!(h.done[&r], Ok(()));
 }
 
@@ -450,4 +449,39 @@ fn counters_follow_completed_chunks() {
     assert_eq!(a.written_bytes + b.written_bytes, 1 << 20);
     assert_eq!(a.read_bytes + b.read_bytes, 1 << 20);
     assert!(a.writes > 0 && b.writes > 0);
+}
+
+#[test]
+fn requests_wait_for_the_first_reply_while_no_path_is_measured() {
+    let mut h = Harness::new("adaptive", 2, EngineConfig::default());
+    let first = h.submit(Op::Read, 0, 1 << 20);
+    assert_eq!(h.paths_used(), vec![0, 1], "the first request probes both");
+    let held: Vec<ReqId> = (1..4)
+        .map(|i| h.submit(Op::Read, i << 20, 1 << 20))
+        .collect();
+    assert_eq!(h.sent.len(), 2, "the rest wait: both paths' speeds unknown");
+    // Path 1 answers after 5 ms and is measured; path 0 is still silent.
+    h.now += Duration::from_millis(5);
+    let (fast, slow): (Vec<SendChunk>, Vec<SendChunk>) = std::mem::take(&mut h.sent)
+        .into_iter()
+        .partition(|s| s.path.0 == 1);
+    h.e.reply(h.now, fast[0].cookie, Ok(()));
+    h.pump();
+    let mut covered: Vec<(u64, u32)> = h.sent.iter().map(|s| (s.offset, s.len)).collect();
+    covered.sort_unstable();
+    assert!(
+        h.sent.iter().all(|s| s.path.0 == 1),
+        "nothing more for path 0 yet"
+    );
+    let mut at = 1 << 20;
+    for (offset, len) in covered {
+        assert_eq!(offset, at, "held requests go out whole, in order");
+        at += u64::from(len);
+    }
+    assert_eq!(at, 4 << 20);
+    h.sent.extend(slow);
+    h.reply_all(true);
+    for id in std::iter::once(first).chain(held) {
+        assert_eq!(h.done[&id], Ok(()));
+    }
 }

@@ -251,3 +251,44 @@ fn adaptive_uses_both_links_for_one_large_request_at_a_time() {
         assert_eq!(bytes_per_path(&plan, 2), [2 << 20, 2 << 20]);
     }
 }
+
+/// A path not yet measured with `bytes` in flight.
+fn unmeasured(bytes: u64) -> PathView {
+    PathView {
+        throughput: 0.0,
+        latency: 0.0,
+        inflight_bytes: bytes,
+        inflight_requests: 1,
+        ..gbit()
+    }
+}
+
+#[test]
+fn adaptive_holds_requests_while_every_path_is_being_measured() {
+    let policy = Adaptive::default();
+    assert!(!policy.hold(&[unmeasured(0), unmeasured(0)]));
+    assert!(!policy.hold(&[unmeasured(PROBE), unmeasured(PROBE - 1)]));
+    assert!(policy.hold(&[unmeasured(PROBE), unmeasured(512 << 10)]));
+    // One measured path is enough to place requests on.
+    assert!(!policy.hold(&[gbit(), unmeasured(PROBE)]));
+    // An unusable path is not waited for, and nothing is held for no path.
+    let down = PathView {
+        usable: false,
+        ..unmeasured(0)
+    };
+    assert!(policy.hold(&[unmeasured(PROBE), down.clone()]));
+    assert!(!policy.hold(&[down]));
+}
+
+#[test]
+fn adaptive_sends_a_path_being_measured_nothing_more() {
+    let paths = [gbit(), unmeasured(PROBE)];
+    assert_eq!(bytes_per_path(&plan_of(8 << 20, &paths), 2), [8 << 20, 0]);
+    assert_eq!(
+        choices(&mut Adaptive::default(), 64 << 10, &paths, 3),
+        [0; 3]
+    );
+    // Below a probe's worth in flight it still gets an average path's share.
+    let paths = [gbit(), unmeasured(PROBE - 4096)];
+    assert!(bytes_per_path(&plan_of(1 << 20, &paths), 2)[1] > 0);
+}
