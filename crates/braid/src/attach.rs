@@ -21,6 +21,7 @@ use tracing::info;
 
 use crate::cli::{AttachArgs, MultipathArgs, UsageError};
 use crate::config::{self, AttachFile};
+use crate::out::outln;
 use crate::rates::{Counts, Rates};
 use crate::{control, metrics, multipath};
 
@@ -224,24 +225,25 @@ pub fn run(args: AttachArgs) -> Result<()> {
 fn print_usage(a: &Attached) {
     let info = a.volume.info();
     let sock = a.socket.display();
-    println!(
+    outln!(
         "attached {:?}: {} over {} paths, {}",
         a.name,
         format_size(info.size),
         info.paths.len(),
         info.paths.join(", ")
     );
-    println!("  NBD socket: {sock}");
-    println!("  kernel:  nbd-client -unix {sock} /dev/nbd0 -N {}", a.name);
-    println!(
+    outln!("  NBD socket: {sock}");
+    outln!("  kernel:  nbd-client -unix {sock} /dev/nbd0 -N {}", a.name);
+    outln!(
         "  FUSE:    nbdfuse /mnt/{} 'nbd+unix:///{}?socket={sock}'",
-        a.name, a.name
+        a.name,
+        a.name
     );
-    println!(
+    outln!(
         "  qemu:    -drive file=nbd+unix:///{}?socket={sock},format=raw",
         a.name
     );
-    println!("  status:  braid status");
+    outln!("  status:  braid status");
 }
 
 /// The volume as the target's forwarded storage.

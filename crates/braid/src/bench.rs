@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::cli::{BenchArgs, UsageError};
 use crate::multipath;
+use crate::out::outln;
 use crate::pattern::Pattern;
 use crate::side::concat;
 
@@ -133,7 +134,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         vol.close().await;
         let out = out?;
         if args.json {
-            println!("{}", serde_json::to_string_pretty(&to_json(&p, &out))?);
+            outln!("{}", serde_json::to_string_pretty(&to_json(&p, &out))?);
         } else {
             print_text(&p, &out);
         }
@@ -394,7 +395,7 @@ pub fn to_json(p: &Plan, o: &Outcome) -> serde_json::Value {
 pub fn print_text(p: &Plan, o: &Outcome) {
     let secs = o.secs.max(1e-9);
     let ms = |q: f64| o.latency.quantile(q).as_secs_f64() * 1e3;
-    println!(
+    outln!(
         "{} {} iodepth {} for {:.1} s, policy {}, {} paths",
         p.rw.name(),
         format_size(p.bs),
@@ -403,7 +404,7 @@ pub fn print_text(p: &Plan, o: &Outcome) {
         o.after.policy,
         o.after.paths.len()
     );
-    println!(
+    outln!(
         "  {:.1} MB/s ({:.1} MiB/s), {:.0} IOPS; latency p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms; errors {}{}",
         o.bytes as f64 / secs / 1e6,
         o.bytes as f64 / secs / 1048576.0,
@@ -425,7 +426,7 @@ pub fn print_text(p: &Plan, o: &Outcome) {
         } else {
             format!("{local} → {portal}")
         };
-        println!(
+        outln!(
             "  path {index} ({name}): {:.1} MB/s, {:.0} IOPS, {:.1}% of bytes",
             bytes as f64 / secs / 1e6,
             chunks as f64 / secs,

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::cli::{CopyArgs, UsageError};
 use crate::multipath;
+use crate::out::outln;
 use crate::side::Side;
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
@@ -92,7 +93,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
         result?;
         dst.flush().await.context("flushing the destination")?;
         let secs = start.elapsed().as_secs_f64();
-        println!(
+        outln!(
             "copied {} from {} to {} in {secs:.2} s ({:.1} MB/s)",
             format_size(size),
             src.describe(),
@@ -101,7 +102,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
         );
         for v in &vols {
             for line in multipath::share_lines(&v.report()) {
-                println!("{line}");
+                outln!("{line}");
             }
         }
         if args.verify {
@@ -112,7 +113,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
             if a != b {
                 bail!("verify failed: source sha256 {a} but destination sha256 {b}");
             }
-            println!("verified: sha256 {a} on both sides");
+            outln!("verified: sha256 {a} on both sides");
         }
         for v in &vols {
             v.close().await;

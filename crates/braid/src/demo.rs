@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::bench::{self, Plan, Workload};
 use crate::cli::{DemoArgs, UsageError};
 use crate::multipath;
+use crate::out::outln;
 use crate::side::concat;
 
 pub fn run(args: DemoArgs) -> Result<()> {
@@ -56,23 +57,23 @@ async fn demo(size: u64, step: Duration) -> Result<()> {
     let addrs = target.local_addrs();
     let stop = target.stop_handle();
     let server = tokio::spawn(target.run());
-    println!(
+    outln!(
         "braid demo: serving a {} memory volume on two portals:",
         format_size(size)
     );
     for a in &addrs {
-        println!("  {a}");
+        outln!("  {a}");
     }
     let uri: NbdUri = format!("nbd://{}/demo", addrs[0])
         .parse()
         .map_err(anyhow::Error::msg)?;
-    println!(
+    outln!(
         "opening nbd://{}/demo; the other portal is found by discovery",
         addrs[0]
     );
     let vol = Arc::new(multipath::open(VolumeConfig::new(uri)).await?);
     for (i, p) in vol.info().paths.iter().enumerate() {
-        println!("  path {}: {p}", i + 1);
+        outln!("  path {}: {p}", i + 1);
     }
     let result = steps(&vol, size, step).await;
     vol.close().await;
@@ -113,7 +114,7 @@ async fn steps(vol: &Arc<Volume>, size: u64, step: Duration) -> Result<()> {
     if got != want {
         bail!("read back sha256 {got}, but wrote {want}: data differs");
     }
-    println!("  verified: sha256 {want} matches");
+    outln!("  verified: sha256 {want} matches");
 
     for (rw, bs, depth) in [(Workload::Read, 1 << 20, 4), (Workload::RandRw, 4096, 16)] {
         let plan = Plan {
@@ -125,7 +126,7 @@ async fn steps(vol: &Arc<Volume>, size: u64, step: Duration) -> Result<()> {
             read_pct: 50,
             verify: true,
         };
-        println!();
+        outln!();
         let out = bench::execute(vol, &plan).await?;
         bench::print_text(&plan, &out);
         if out.errors > 0 || out.verify_errors > 0 {
@@ -137,8 +138,8 @@ async fn steps(vol: &Arc<Volume>, size: u64, step: Duration) -> Result<()> {
             );
         }
     }
-    println!();
-    println!("every path carried I/O for one volume; try `braid copy`, `braid bench` and `braid serve --help` next");
+    outln!();
+    outln!("every path carried I/O for one volume; try `braid copy`, `braid bench` and `braid serve --help` next");
     Ok(())
 }
 
@@ -172,7 +173,7 @@ fn report_step(
     before: &braid_initiator::VolumeReport,
     after: &braid_initiator::VolumeReport,
 ) {
-    println!(
+    outln!(
         "{what}: {} in {:.2} s ({:.1} MB/s)",
         format_size(bytes),
         took.as_secs_f64(),
@@ -196,6 +197,6 @@ fn report_step(
             .collect(),
     };
     for line in multipath::share_lines(&delta) {
-        println!("{line}");
+        outln!("{line}");
     }
 }

@@ -18,6 +18,7 @@ mod demo;
 mod logging;
 mod metrics;
 mod multipath;
+mod out;
 mod pattern;
 mod rates;
 mod serve;

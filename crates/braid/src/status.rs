@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::cli::{PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;
+use crate::out::{self, out, outln};
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
@@ -34,27 +35,27 @@ pub fn status(args: StatusArgs) -> Result<()> {
             let all = gather(&args.control).await?;
             if args.json {
                 let list: Vec<Value> = all.iter().map(|(_, v)| v.clone()).collect();
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&json!({ "processes": list }))?
                 );
             } else {
                 if args.watch {
                     // Clear the screen and home the cursor: refresh in place.
-                    print!("\x1b[2J\x1b[H");
+                    out!("\x1b[2J\x1b[H");
                 }
                 if all.is_empty() {
-                    println!(
+                    outln!(
                         "no braid serve or attach is running (control sockets are in {})",
                         control::dir().display()
                     );
                 }
                 for (_, v) in &all {
-                    print!("{}", render(v));
+                    out!("{}", render(v));
                 }
             }
             rounds += 1;
-            if !args.watch || args.count.is_some_and(|c| rounds >= c) {
+            if !args.watch || args.count.is_some_and(|c| rounds >= c) || out::closed() {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_secs_f64(args.interval.max(0.2))).await;
@@ -193,7 +194,7 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         )
         .await?;
         expect_ok(v)?;
-        println!("{}: policy {}", args.volume, args.policy);
+        outln!("{}: policy {}", args.volume, args.policy);
         Ok(())
     })
 }
@@ -217,7 +218,7 @@ pub fn path(args: PathArgs) -> Result<()> {
         )
         .await?;
         expect_ok(v)?;
-        println!(
+        outln!(
             "{}: path {} {}",
             args.volume,
             args.path,

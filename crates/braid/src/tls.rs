@@ -14,6 +14,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
 use crate::cli::TlsInitArgs;
+use crate::out::outln;
 
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -117,20 +118,20 @@ pub fn init(args: TlsInitArgs) -> Result<()> {
         }
     }
     let made = generate(dir, &names)?;
-    println!("made a CA and certificates in {}:", dir.display());
+    outln!("made a CA and certificates in {}:", dir.display());
     for f in &made {
-        println!("  {}", f.display());
+        outln!("  {}", f.display());
     }
-    println!("server certificate valid for: {}", names.join(", "));
-    println!(
+    outln!("server certificate valid for: {}", names.join(", "));
+    outln!(
         "serve:  braid serve --tls-cert {0}/server-cert.pem --tls-key {0}/server-key.pem --tls-client-ca {0}/ca-cert.pem ...",
         dir.display()
     );
-    println!(
+    outln!(
         "client: braid attach nbds://HOST/EXPORT --tls-ca {0}/ca-cert.pem --tls-cert {0}/client-cert.pem --tls-key {0}/client-key.pem",
         dir.display()
     );
-    println!(
+    outln!(
         "libnbd: nbdinfo 'nbds://HOST/EXPORT?tls-certificates={}'",
         dir.display()
     );

@@ -276,3 +276,35 @@ fn two_different_volumes_are_refused_as_one() {
     );
     assert!(err.contains("not the same volume"), "{err}");
 }
+
+#[test]
+fn a_copy_whose_output_nobody_reads_still_completes() {
+    // `braid copy ... | head -1`: the summary's later lines meet a closed
+    // pipe. The copy is done by then and must say so by its exit status,
+    // not end in a panic.
+    let dir = tempfile::tempdir().unwrap();
+    let src = random_file(dir.path(), 8 << 20, 7);
+    let serve = two_portals("vol=mem:8MiB");
+    let uri = serve.uri("vol");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = ChildGuard::spawn(
+        braid()
+            .args(["copy", "--no-progress"])
+            .arg(&src)
+            .arg(&uri)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped()),
+    );
+    let status = child
+        .wait(Duration::from_secs(60))
+        .expect("copy still running after 60 s");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "copy failed with {status}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let back = dir.path().join("back.img");
+    run(braid().args(["copy", "--no-progress", &uri]).arg(&back));
+    assert_eq!(sha256(&back), sha256(&src));
+}

@@ -1,0 +1,46 @@
+//! Standard output that outlives its reader.
+//!
+//! `println!` panics when standard output is closed: `braid copy ... |
+//! head -1` ended in a panic and a backtrace after a copy that had
+//! succeeded, and an `attach` whose terminal went away would stop serving
+//! its device over a status line. Output that cannot be written is dropped
+//! instead; the command carries on and exits with its own status, and
+//! commands that only print (`status --watch`) ask [`closed`] to stop.
+
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Writes to standard output, dropping what cannot be written.
+pub fn write(args: fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if out.write_fmt(args).and_then(|()| out.flush()).is_err() {
+        CLOSED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Whether a write to standard output has failed: nobody reads it.
+pub fn closed() -> bool {
+    CLOSED.load(Ordering::Relaxed)
+}
+
+/// `print!` through [`write`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!($($arg)*))
+    };
+}
+
+/// `println!` through [`write`].
+macro_rules! outln {
+    () => {
+        $crate::out::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {out, outln};
