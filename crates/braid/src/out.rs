@@ -26,14 +26,14 @@ pub fn closed() -> bool {
     CLOSED.load(Ordering::Relaxed)
 }
 
-/// `print!` through [`write`].
+/// `print!` through [`write()`].
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::out::write(format_args!($($arg)*))
     };
 }
 
-/// `println!` through [`write`].
+/// `println!` through [`write()`].
 macro_rules! outln {
     () => {
         $crate::out::write(format_args!("\n"))
