@@ -1,0 +1,219 @@
+//! What the engine's driver sees: the requests it submits, the actions it
+//! carries out, and the figures it reports.
+
+use std::time::Duration;
+
+use braid_policy::SplitRules;
+use braid_proto::{CmdFlags, Command, Cookie, Errno};
+
+use super::stats::Histogram;
+use super::{PathCounters, PathState};
+
+/// A path's index in the engine, in the order paths were added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PathId(pub usize);
+
+/// A request submitted to the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReqId(pub u64);
+
+/// The operations a volume offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+    Cache,
+    BlockStatus,
+}
+
+impl Op {
+    pub fn command(self) -> Command {
+        match self {
+            Self::Read => Command::Read,
+            Self::Write => Command::Write,
+            Self::Flush => Command::Flush,
+            Self::Trim => Command::Trim,
+            Self::WriteZeroes => Command::WriteZeroes,
+            Self::Cache => Command::Cache,
+            Self::BlockStatus => Command::BlockStatus,
+        }
+    }
+
+    /// Changes the volume's contents (and so needs fencing to re-send).
+    pub fn is_write(self) -> bool {
+        matches!(self, Self::Write | Self::Trim | Self::WriteZeroes)
+    }
+
+    /// Carries payload bytes (the rest cost the link almost nothing).
+    pub fn moves_data(self) -> bool {
+        matches!(self, Self::Read | Self::Write)
+    }
+}
+
+/// A request as submitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Submit {
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
+    pub flags: CmdFlags,
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IoError {
+    #[error("target: {errno}: {message}")]
+    Target { errno: Errno, message: String },
+    #[error("no path to the volume for {0:?}")]
+    NoPath(Duration),
+}
+
+impl IoError {
+    /// The NBD error to hand a local client.
+    pub fn errno(&self) -> Errno {
+        match self {
+            Self::Target { errno, .. } => *errno,
+            Self::NoPath(_) => Errno::Io,
+        }
+    }
+}
+
+/// One chunk to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendChunk {
+    pub path: PathId,
+    /// Connection index within the path.
+    pub conn: usize,
+    pub cookie: Cookie,
+    pub op: Op,
+    pub flags: CmdFlags,
+    /// Absolute offset on the volume.
+    pub offset: u64,
+    pub len: u32,
+    /// The request it belongs to; `None` for a health probe.
+    pub req: Option<ReqId>,
+    /// Where in that request the chunk starts.
+    pub req_offset: u64,
+}
+
+/// Something the user should be told, once, in a log line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A path failed. `resent` says where its chunks went; `held` chunks
+    /// (writes) wait for the fence; `queued` wait for any path.
+    PathFailed {
+        path: PathId,
+        reason: String,
+        resent: Vec<(PathId, usize)>,
+        held: usize,
+        queued: usize,
+    },
+    /// The held writes of a failed path were re-sent after its fence.
+    Fenced {
+        path: PathId,
+        resent: Vec<(PathId, usize)>,
+    },
+    PathRestored {
+        path: PathId,
+    },
+    /// Requests waited longer than the no-path timeout and failed.
+    NoPathTimeout {
+        failed: usize,
+    },
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Send(SendChunk),
+    Complete {
+        req: ReqId,
+        result: Result<(), IoError>,
+    },
+    /// Close every connection of the path (replies on them no longer count).
+    Close {
+        path: PathId,
+    },
+    /// Ask the target, on a fresh connection, to fence these connection
+    /// ids, then call [`Engine::fence_done`](super::Engine::fence_done).
+    Fence {
+        path: PathId,
+        conns: Vec<u64>,
+    },
+    /// Try connecting the path again after this delay.
+    Reconnect {
+        path: PathId,
+        after: Duration,
+    },
+    Event(Event),
+}
+
+/// Settings of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub split: SplitRules,
+    /// Volume size, and its smallest block, for health probes.
+    pub size: u64,
+    pub min_block: u32,
+    /// Bounds on the no-reply timeout derived from each path's figures.
+    pub timeout_floor: Duration,
+    pub timeout_ceiling: Duration,
+    /// How long I/O waits with no usable path; `None` waits forever.
+    pub no_path_timeout: Option<Duration>,
+    /// An idle path is probed this often.
+    pub probe_interval: Duration,
+    /// Reconnect backoff: first delay, doubled per failure up to the cap.
+    pub reconnect_min: Duration,
+    pub reconnect_max: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            split: SplitRules {
+                align: 4096,
+                chunk: 256 * 1024,
+                max: 32 << 20,
+            },
+            size: 0,
+            min_block: 1,
+            timeout_floor: Duration::from_millis(500),
+            timeout_ceiling: Duration::from_secs(10),
+            no_path_timeout: Some(Duration::from_secs(60)),
+            probe_interval: Duration::from_secs(1),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A chunk in flight, as a connection's reader sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    pub path: PathId,
+    pub op: Op,
+    pub len: u32,
+    pub offset: u64,
+    pub req: Option<ReqId>,
+    pub req_offset: u64,
+}
+
+/// One path's figures at a moment.
+#[derive(Clone, Debug)]
+pub struct PathReport {
+    pub state: PathState,
+    pub connections: usize,
+    pub counters: PathCounters,
+    pub inflight_requests: u32,
+    pub inflight_bytes: u64,
+    /// Measured capacity in bytes per second (0 until measured).
+    pub throughput: f64,
+    /// Estimated base latency (round trip and server time, no queueing).
+    pub base_latency: Duration,
+    pub latency: Histogram,
+    pub idle: Duration,
+    pub fencing: bool,
+}

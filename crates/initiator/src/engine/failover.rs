@@ -1,0 +1,297 @@
+//! A path's life: up, failed (its chunks re-sent, its writes held for the
+//! fence), reconnected; and the clock that finds silent paths, probes idle
+//! ones and fails requests that found no path in time.
+
+use std::time::Duration;
+
+use braid_proto::{CmdFlags, Cookie};
+
+use super::{
+    path, Action, Chunk, Engine, Event, IoError, Op, PathId, PathState, Piece, SendChunk,
+    UNMEASURED_THROUGHPUT,
+};
+
+impl Engine {
+    /// The path's connections are up: it carries I/O from now on.
+    /// `server_ids` are the target's ids of each connection (for fencing),
+    /// `fencing` whether the target fences.
+    pub fn path_up(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        server_ids: Vec<Option<u64>>,
+        fencing: bool,
+    ) {
+        let p = &mut self.paths[path.0];
+        let was_failed = p.state == PathState::Failed;
+        p.conns = server_ids
+            .into_iter()
+            .map(|server_id| path::ConnSlot {
+                up: true,
+                server_id,
+                ..Default::default()
+            })
+            .collect();
+        p.fencing = fencing;
+        p.attempts = 0;
+        p.since = now;
+        p.last_progress = now;
+        p.last_activity = now;
+        p.state = PathState::Active;
+        if was_failed {
+            p.counters.restores += 1;
+            self.actions
+                .push_back(Action::Event(Event::PathRestored { path }));
+        }
+        let waiting: Vec<Piece> = self.waiting.drain(..).collect();
+        for piece in waiting {
+            self.dispatch(now, piece);
+        }
+        self.release_held(now);
+    }
+
+    /// A path failed (socket error, timeout, protocol violation): its
+    /// chunks move to other paths, and the driver is told to close it,
+    /// fence it and reconnect it later.
+    pub fn path_failed(&mut self, now: Duration, path: PathId, reason: &str) {
+        let p = &mut self.paths[path.0];
+        if matches!(p.state, PathState::Failed) {
+            return;
+        }
+        p.state = PathState::Failed;
+        p.counters.failures += 1;
+        // Chunks placed on this path earlier in the same call have not
+        // reached the driver yet: they must not go out at all (they are
+        // collected below with the rest of the path's chunks).
+        self.actions
+            .retain(|a| !matches!(a, Action::Send(s) if s.path == path));
+        let server_ids: Vec<u64> = p.conns.iter().filter_map(|c| c.server_id).collect();
+        let fencing = p.fencing;
+        p.reset_conns();
+        let mut cookies: Vec<u64> = self
+            .chunks
+            .iter()
+            .filter(|(_, c)| c.path == path.0)
+            .map(|(k, _)| *k)
+            .collect();
+        cookies.sort_unstable();
+        let mut reads = Vec::new();
+        let mut writes = Vec::new();
+        for k in cookies {
+            let c = self.chunks.remove(&k).expect("listed above");
+            if let Some(piece) = c.piece {
+                if piece.op.is_write() {
+                    writes.push(piece);
+                } else {
+                    reads.push(piece);
+                }
+            }
+        }
+        self.paths[path.0].counters.resent += (reads.len() + writes.len()) as u64;
+        self.actions.push_back(Action::Close { path });
+        let before = self.waiting.len();
+        let mut resent = Vec::new();
+        for piece in reads {
+            if let Some(to) = self.dispatch(now, piece) {
+                count_into(&mut resent, to);
+            }
+        }
+        let held = if !writes.is_empty() && fencing && !server_ids.is_empty() {
+            let n = writes.len();
+            self.fence_hold[path.0].extend(writes);
+            self.actions.push_back(Action::Fence {
+                path,
+                conns: server_ids,
+            });
+            n
+        } else {
+            // No fencing: the connections are closed (Close above comes
+            // first), which is the best a plain NBD server allows.
+            for piece in writes {
+                if let Some(to) = self.dispatch(now, piece) {
+                    count_into(&mut resent, to);
+                }
+            }
+            0
+        };
+        let queued = self.waiting.len().saturating_sub(before);
+        self.actions.push_back(Action::Event(Event::PathFailed {
+            path,
+            reason: reason.to_owned(),
+            resent,
+            held,
+            queued,
+        }));
+        self.schedule_reconnect(path);
+        self.release_held(now);
+    }
+
+    /// A reconnect attempt failed; try again later, backing off.
+    pub fn reconnect_failed(&mut self, path: PathId) {
+        let p = &mut self.paths[path.0];
+        if p.state == PathState::Connecting {
+            p.state = PathState::Failed;
+        }
+        self.schedule_reconnect(path);
+    }
+
+    fn schedule_reconnect(&mut self, path: PathId) {
+        let p = &mut self.paths[path.0];
+        let shift = p.attempts.min(16);
+        p.attempts += 1;
+        let after = self
+            .cfg
+            .reconnect_min
+            .saturating_mul(1 << shift)
+            .min(self.cfg.reconnect_max);
+        self.actions.push_back(Action::Reconnect { path, after });
+    }
+
+    /// The fence asked by [`Action::Fence`] completed: the held writes of
+    /// `path` are re-sent.
+    pub fn fence_done(&mut self, now: Duration, path: PathId) {
+        let held = std::mem::take(&mut self.fence_hold[path.0]);
+        let mut resent = Vec::new();
+        for piece in held {
+            if let Some(to) = self.dispatch(now, piece) {
+                count_into(&mut resent, to);
+            }
+        }
+        self.actions
+            .push_back(Action::Event(Event::Fenced { path, resent }));
+    }
+
+    /// Time passes: detects paths that stopped answering, probes idle
+    /// ones, and fails requests that waited past the no-path timeout.
+    pub fn tick(&mut self, now: Duration) {
+        let measured: Vec<f64> = self
+            .paths
+            .iter()
+            .filter_map(|p| p.throughput.get())
+            .filter(|t| *t > 0.0)
+            .collect();
+        let fallback = if measured.is_empty() {
+            UNMEASURED_THROUGHPUT
+        } else {
+            measured.iter().sum::<f64>() / measured.len() as f64
+        };
+        for i in 0..self.paths.len() {
+            let p = &self.paths[i];
+            if p.state != PathState::Active {
+                continue;
+            }
+            let inflight = p.inflight_requests();
+            if inflight > 0 {
+                let largest = self
+                    .chunks
+                    .values()
+                    .filter(|c| c.path == i)
+                    .map(|c| c.bytes)
+                    .max()
+                    .unwrap_or(0);
+                let limit = p.reply_timeout(
+                    largest,
+                    fallback,
+                    self.cfg.timeout_floor,
+                    self.cfg.timeout_ceiling,
+                );
+                let silent = now.saturating_sub(p.last_progress);
+                if silent > limit {
+                    let reason = format!("no reply in {:.1} s", silent.as_secs_f64());
+                    self.path_failed(now, PathId(i), &reason);
+                }
+            } else if p.enabled
+                && now.saturating_sub(p.last_activity) >= self.cfg.probe_interval
+                && self.cfg.size > 0
+            {
+                self.probe(now, i);
+            }
+        }
+        self.expire(now);
+        self.release_held(now);
+    }
+
+    fn probe(&mut self, now: Duration, path: usize) {
+        let Some(conn) = self.paths[path].pick_conn() else {
+            return;
+        };
+        let len = self
+            .cfg
+            .min_block
+            .max(1)
+            .min(self.cfg.size.min(4096) as u32);
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.paths[path].sent(conn, u64::from(len), now);
+        self.chunks.insert(
+            cookie,
+            Chunk {
+                piece: None,
+                path,
+                conn,
+                bytes: u64::from(len),
+                ahead: 0,
+                sent_at: now,
+                op: Op::Read,
+            },
+        );
+        self.actions.push_back(Action::Send(SendChunk {
+            path: PathId(path),
+            conn,
+            cookie: Cookie(cookie),
+            op: Op::Read,
+            flags: CmdFlags(0),
+            offset: 0,
+            len,
+            req: None,
+            req_offset: 0,
+        }));
+    }
+
+    fn expire(&mut self, now: Duration) {
+        let Some(limit) = self.cfg.no_path_timeout else {
+            return;
+        };
+        let mut expired = Vec::new();
+        self.waiting.retain(|p| {
+            let keep = now.saturating_sub(p.since) < limit;
+            if !keep {
+                expired.push(p.clone());
+            }
+            keep
+        });
+        for hold in &mut self.fence_hold {
+            hold.retain(|p| {
+                let keep = now.saturating_sub(p.since) < limit;
+                if !keep {
+                    expired.push(p.clone());
+                }
+                keep
+            });
+        }
+        if expired.is_empty() {
+            return;
+        }
+        self.actions.push_back(Action::Event(Event::NoPathTimeout {
+            failed: expired.len(),
+        }));
+        for p in expired {
+            self.fail_piece(now, p);
+        }
+    }
+
+    pub(super) fn fail_piece(&mut self, now: Duration, p: Piece) {
+        if let Some(r) = self.reqs.get_mut(&p.req.0) {
+            r.error
+                .get_or_insert(IoError::NoPath(now.saturating_sub(p.since)));
+        }
+        self.piece_done(now, p.req);
+    }
+}
+
+fn count_into(v: &mut Vec<(PathId, usize)>, path: usize) {
+    match v.iter_mut().find(|(p, _)| p.0 == path) {
+        Some((_, n)) => *n += 1,
+        None => v.push((PathId(path), 1)),
+    }
+}
