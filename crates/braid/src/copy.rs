@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::cli::{CopyArgs, UsageError};
 use crate::multipath;
-use crate::out::outln;
+use crate::out::{err, outln};
 use crate::side::Side;
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
@@ -88,7 +88,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
         let result = copy(&src, &dst, size, bs, args.requests, fresh, done.clone()).await;
         if let Some(p) = progress {
             p.abort();
-            eprint!("\r\x1b[2K");
+            err!("\r\x1b[2K");
         }
         result?;
         dst.flush().await.context("flushing the destination")?;
@@ -294,6 +294,6 @@ async fn progress(done: Arc<AtomicU64>, size: u64, start: Instant, vols: Vec<Arc
                 line.push_str(&format!("  path {} {pct:.0}%", i + 1));
             }
         }
-        eprint!("\r\x1b[2K{line}");
+        err!("\r\x1b[2K{line}");
     }
 }

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let usage = e.downcast_ref::<cli::UsageError>().is_some();
-            eprintln!("braid: error: {e:#}");
+            out::errln!("braid: error: {e:#}");
             if usage {
                 ExitCode::from(2)
             } else {

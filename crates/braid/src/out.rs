@@ -6,6 +6,9 @@
 //! its device over a status line. Output that cannot be written is dropped
 //! instead; the command carries on and exits with its own status, and
 //! commands that only print (`status --watch`) ask [`closed`] to stop.
+//! Standard error gets the same treatment ([`write_err`]): an error message
+//! nobody can read must still leave the command's own exit status, not a
+//! panic's.
 
 use std::fmt;
 use std::io::Write;
@@ -19,6 +22,12 @@ pub fn write(args: fmt::Arguments<'_>) {
     if out.write_fmt(args).and_then(|()| out.flush()).is_err() {
         CLOSED.store(true, Ordering::Relaxed);
     }
+}
+
+/// Writes to standard error, dropping what cannot be written.
+pub fn write_err(args: fmt::Arguments<'_>) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(args).and_then(|()| err.flush());
 }
 
 /// Whether a write to standard output has failed: nobody reads it.
@@ -43,4 +52,18 @@ macro_rules! outln {
     };
 }
 
-pub(crate) use {out, outln};
+/// `eprint!` through [`write_err`].
+macro_rules! err {
+    ($($arg:tt)*) => {
+        $crate::out::write_err(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` through [`write_err`].
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::out::write_err(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+pub(crate) use {err, errln, out, outln};

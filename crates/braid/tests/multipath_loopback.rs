@@ -308,3 +308,29 @@ fn a_copy_whose_output_nobody_reads_still_completes() {
     run(braid().args(["copy", "--no-progress", &uri]).arg(&back));
     assert_eq!(sha256(&back), sha256(&src));
 }
+
+#[test]
+fn an_error_nobody_can_read_still_exits_with_its_own_status() {
+    // `braid copy ... 2>&1 | head -0`, or a terminal that went away: the
+    // error message meets a closed pipe. The exit status must still say
+    // "failed" (1), not a panic's 101, and nothing may be written.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.img");
+    let dest = dir.path().join("dest.img");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = ChildGuard::spawn(
+        braid()
+            .args(["copy", "--no-progress"])
+            .arg(&missing)
+            .arg(&dest)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(writer),
+    );
+    let status = child
+        .wait(Duration::from_secs(60))
+        .expect("copy still running after 60 s");
+    assert_eq!(status.code(), Some(1), "copy of a missing file: {status}");
+    assert!(!dest.exists(), "a failed copy created its destination");
+}

@@ -2,6 +2,7 @@
 //! tests and benchmarks need (cut, restore, re-rate, run things inside,
 //! read counters). It owns its namespaces: dropping it removes them.
 
+use std::io::Write as _;
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output};
@@ -452,7 +453,14 @@ impl Drop for Lab {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
             tracing::warn!(lab = %self.spec.tag, error = %e, "lab teardown failed");
-            eprintln!("braid-lab: teardown of {} failed: {e}", self.spec.tag);
+            // Not eprintln!: a panic here, while a failing test unwinds,
+            // would abort the process and leave the lab behind; and the
+            // harness would hide the line in a passing test.
+            let _ = writeln!(
+                std::io::stderr(),
+                "braid-lab: teardown of {} failed: {e}",
+                self.spec.tag
+            );
         }
     }
 }

@@ -3,6 +3,7 @@
 //! lab's description lives in `/run/braid-lab/<name>.json` so that later
 //! commands find it. Only glue: the work is in the `braid_lab` library.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -85,7 +86,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("braid-lab: {e:#}");
+            // A closed stderr must not turn the exit status into a panic's.
+            let _ = writeln!(std::io::stderr(), "braid-lab: {e:#}");
             ExitCode::from(1)
         }
     }
