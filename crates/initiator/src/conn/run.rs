@@ -1,0 +1,287 @@
+//! A connection at work: a writer task that batches requests onto the
+//! socket, and a reader task that matches replies to cookies, out of order,
+//! and hands what it read to a [`Sink`].
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_proto::reply::{
+    BlockStatus, ChunkHeader, ErrorChunk, OffsetData, OffsetHole, ReplyHeader,
+};
+use braid_proto::wire::{chunk_type, REQUEST_HEADER_LEN};
+use braid_proto::{CmdFlags, Command, Cookie, Errno, Request};
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::{tcp_info, Negotiated, Wire};
+
+/// Receives what a connection's reader decodes. Calls for one cookie come
+/// in wire order and end with [`Sink::done`] or [`Sink::data_done`].
+pub trait Sink: Send + Sync + 'static {
+    /// The length of the READ behind `cookie`, for simple replies (which do
+    /// not say whether data follows); `None` if it is not a READ in flight.
+    fn read_len(&self, cookie: Cookie) -> Option<u32>;
+    /// READ data; `offset` is absolute, or `None` for a simple reply (the
+    /// data then starts at the request's offset).
+    fn data(&self, cookie: Cookie, offset: Option<u64>, data: Bytes);
+    /// The last piece of a successful READ reply and its end at once: the
+    /// common case, which a sink can take in one step.
+    fn data_done(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+        self.data(cookie, offset, data);
+        self.done(cookie, None);
+    }
+    fn hole(&self, cookie: Cookie, offset: u64, len: u32);
+    fn extents(&self, cookie: Cookie, status: BlockStatus);
+    /// The reply is complete; `error` is the first error it carried.
+    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>);
+    /// The connection failed; nothing more will come from it.
+    fn lost(&self, reason: String);
+}
+
+struct Out {
+    header: [u8; REQUEST_HEADER_LEN],
+    payload: Option<Bytes>,
+    /// NBD_CMD_DISC: the last thing this connection sends.
+    disc: bool,
+}
+
+/// A running connection.
+pub struct ConnHandle {
+    tx: Option<mpsc::UnboundedSender<Out>>,
+    reader: JoinHandle<()>,
+    writer: Option<JoinHandle<()>>,
+    /// A duplicate of the TCP socket, for `TCP_INFO` (valid however the
+    /// tasks end).
+    socket: Option<std::os::fd::OwnedFd>,
+}
+
+impl ConnHandle {
+    /// Queues a request; `false` if the connection is gone.
+    pub fn send(&self, req: &Request, payload: Option<Bytes>) -> bool {
+        let mut header = [0u8; REQUEST_HEADER_LEN];
+        req.encode(&mut header);
+        let disc = req.command == Command::Disc;
+        self.tx.as_ref().is_some_and(|tx| {
+            tx.send(Out {
+                header,
+                payload,
+                disc,
+            })
+            .is_ok()
+        })
+    }
+
+    /// Sends NBD_CMD_DISC; the writer then closes its side.
+    pub fn disconnect(&self) {
+        self.send(
+            &Request {
+                flags: CmdFlags(0),
+                command: Command::Disc,
+                cookie: Cookie(0),
+                offset: 0,
+                length: 0,
+            },
+            None,
+        );
+    }
+
+    /// The kernel's figures of the connection (TCP only).
+    pub fn wire(&self) -> Option<Wire> {
+        tcp_info(std::os::fd::AsRawFd::as_raw_fd(self.socket.as_ref()?))
+    }
+
+    /// Drops the connection at once.
+    pub fn abort(&self) {
+        self.reader.abort();
+        if let Some(w) = &self.writer {
+            w.abort();
+        }
+    }
+
+    /// Waits for the writer to send what is queued (after
+    /// [`Self::disconnect`]), bounded, then drops the connection.
+    pub async fn finish(mut self, timeout: Duration) {
+        self.tx = None;
+        if let Some(w) = self.writer.take() {
+            let _ = tokio::time::timeout(timeout, w).await;
+        }
+    }
+}
+
+impl Drop for ConnHandle {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// Starts the reader and writer of a negotiated connection.
+pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle {
+    // SAFETY: dup of a descriptor the stream keeps open; the copy is owned
+    // by the handle and closed with it.
+    let socket = n.stream.tcp_fd().and_then(|fd| {
+        let dup = unsafe { libc::dup(fd) };
+        // SAFETY: a fresh descriptor nobody else owns.
+        (dup >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) })
+    });
+    let (rd, wr) = tokio::io::split(n.stream);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(write_loop(wr, rx, sink.clone()));
+    let reader = tokio::spawn(read_loop(rd, n.leftover, max_payload, sink));
+    ConnHandle {
+        tx: Some(tx),
+        reader,
+        writer: Some(writer),
+        socket,
+    }
+}
+
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut wr: W,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    sink: Arc<dyn Sink>,
+) {
+    let result: io::Result<()> = async {
+        let mut batch: Vec<Out> = Vec::with_capacity(braid_pool::BATCH);
+        let mut pace = braid_pool::Pace::new();
+        while braid_pool::next_batch(&mut rx, &mut batch).await {
+            let disc = batch.iter().any(|o| o.disc);
+            let parts: Vec<&[u8]> = batch
+                .iter()
+                .flat_map(|o| std::iter::once(&o.header[..]).chain(o.payload.as_deref()))
+                .collect();
+            // Headers and payloads of every queued request in one writev.
+            braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
+            batch.clear();
+            if disc {
+                wr.shutdown().await?;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        sink.lost(format!("write failed: {e}"));
+    }
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    rd: R,
+    leftover: BytesMut,
+    max_payload: u32,
+    sink: Arc<dyn Sink>,
+) {
+    // Bytes read past the handshake come first.
+    let prefix = std::io::Cursor::new(leftover.freeze());
+    let mut rd = BufReader::with_capacity(256 * 1024, prefix.chain(rd));
+    let mut errors: std::collections::HashMap<u64, (Errno, String)> = Default::default();
+    let reason = loop {
+        match read_one(&mut rd, max_payload, sink.as_ref(), &mut errors).await {
+            Ok(true) => {}
+            Ok(false) => break "the server closed the connection".to_owned(),
+            Err(e) => break e,
+        }
+    };
+    sink.lost(reason);
+}
+
+/// Reads one reply message. `Ok(false)` on a clean end of stream.
+pub(super) async fn read_one<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    max_payload: u32,
+    sink: &dyn Sink,
+    errors: &mut std::collections::HashMap<u64, (Errno, String)>,
+) -> Result<bool, String> {
+    let mut head = [0u8; 20];
+    match rd.read_exact(&mut head[..4]).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(format!("read failed: {e}")),
+    }
+    let len = ReplyHeader::header_len(head[..4].try_into().expect("4 bytes"))
+        .map_err(|e| format!("protocol: {e}"))?;
+    rd.read_exact(&mut head[4..len])
+        .await
+        .map_err(|e| format!("read failed: {e}"))?;
+    let header = ReplyHeader::decode(&head[..len]).map_err(|e| format!("protocol: {e}"))?;
+    match header {
+        ReplyHeader::Simple(s) => {
+            if let Some(errno) = s.errno() {
+                sink.done(s.cookie, Some((errno, format!("{errno}"))));
+                return Ok(true);
+            }
+            match sink.read_len(s.cookie) {
+                Some(n) => {
+                    let data = read_bytes(rd, n as usize).await?;
+                    sink.data_done(s.cookie, None, data);
+                }
+                None => sink.done(s.cookie, None),
+            }
+        }
+        ReplyHeader::Chunk(c) => {
+            c.check(max_payload).map_err(|e| format!("protocol: {e}"))?;
+            let ended = chunk(rd, &c, sink, errors).await?;
+            if c.done() && !ended {
+                sink.done(c.cookie, errors.remove(&c.cookie.0));
+            }
+        }
+    }
+    Ok(true)
+}
+
+async fn chunk<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    c: &ChunkHeader,
+    sink: &dyn Sink,
+    errors: &mut std::collections::HashMap<u64, (Errno, String)>,
+) -> Result<bool, String> {
+    match c.kind {
+        chunk_type::NONE => {}
+        chunk_type::OFFSET_DATA => {
+            let mut off = [0u8; 8];
+            rd.read_exact(&mut off)
+                .await
+                .map_err(|e| format!("read failed: {e}"))?;
+            let offset = OffsetData::decode(&off).offset;
+            let data = read_bytes(rd, c.length as usize - 8).await?;
+            if c.done() && !errors.contains_key(&c.cookie.0) {
+                sink.data_done(c.cookie, Some(offset), data);
+                return Ok(true);
+            }
+            sink.data(c.cookie, Some(offset), data);
+        }
+        chunk_type::OFFSET_HOLE => {
+            let p = read_bytes(rd, c.length as usize).await?;
+            let h = OffsetHole::decode(&p).map_err(|e| format!("protocol: {e}"))?;
+            sink.hole(c.cookie, h.offset, h.length);
+        }
+        chunk_type::BLOCK_STATUS => {
+            let p = read_bytes(rd, c.length as usize).await?;
+            let s = BlockStatus::decode(&p).map_err(|e| format!("protocol: {e}"))?;
+            sink.extents(c.cookie, s);
+        }
+        kind => {
+            // Every other type passed `check` only as an error chunk.
+            let p = read_bytes(rd, c.length as usize).await?;
+            let e = ErrorChunk::decode(kind, &p).map_err(|e| format!("protocol: {e}"))?;
+            errors.entry(c.cookie.0).or_insert((e.error, e.message));
+        }
+    }
+    Ok(false)
+}
+
+async fn read_bytes<R: AsyncRead + Unpin>(rd: &mut R, n: usize) -> Result<Bytes, String> {
+    // A pooled buffer: no page faults or zeroing per chunk.
+    let mut buf = braid_pool::Pool::global().get(n);
+    rd.read_exact(&mut buf).await.map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            "the server closed the connection mid-reply".to_string()
+        } else {
+            format!("read failed: {e}")
+        }
+    })?;
+    Ok(buf.into_bytes())
+}
