@@ -18,16 +18,19 @@ static CLOSED: AtomicBool = AtomicBool::new(false);
 
 /// Writes to standard output, dropping what cannot be written.
 pub fn write(args: fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    if out.write_fmt(args).and_then(|()| out.flush()).is_err() {
+    if put(std::io::stdout().lock(), args).is_err() {
         CLOSED.store(true, Ordering::Relaxed);
     }
 }
 
 /// Writes to standard error, dropping what cannot be written.
 pub fn write_err(args: fmt::Arguments<'_>) {
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(args).and_then(|()| err.flush());
+    let _ = put(std::io::stderr().lock(), args);
+}
+
+fn put(mut w: impl Write, args: fmt::Arguments<'_>) -> std::io::Result<()> {
+    w.write_fmt(args)?;
+    w.flush()
 }
 
 /// Whether a write to standard output has failed: nobody reads it.

@@ -5,9 +5,10 @@
 
 mod common;
 
+use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Output;
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_policy::NAMES;
@@ -277,6 +278,40 @@ fn two_different_volumes_are_refused_as_one() {
     assert!(err.contains("not the same volume"), "{err}");
 }
 
+/// Which of `braid copy`'s output streams nobody reads.
+enum Closed {
+    Stdout,
+    Stderr,
+}
+
+/// Runs `braid copy --no-progress SRC DST` with one output stream a pipe
+/// whose reader is gone; returns the exit status and what the other
+/// stream carried.
+fn copy_into_a_closed_pipe(src: &Path, dst: &str, closed: Closed) -> (ExitStatus, String) {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut copy = braid();
+    copy.args(["copy", "--no-progress"])
+        .arg(src)
+        .arg(dst)
+        .stdin(Stdio::null());
+    match closed {
+        Closed::Stdout => copy.stdout(writer).stderr(Stdio::piped()),
+        Closed::Stderr => copy.stdout(Stdio::piped()).stderr(writer),
+    };
+    let mut child = ChildGuard::spawn(&mut copy);
+    let status = child
+        .wait(Duration::from_secs(60))
+        .expect("copy still running after 60 s");
+    let other: Box<dyn Read> = match closed {
+        Closed::Stdout => Box::new(child.0.stderr.take().unwrap()),
+        Closed::Stderr => Box::new(child.0.stdout.take().unwrap()),
+    };
+    let mut said = String::new();
+    other.take(1 << 20).read_to_string(&mut said).unwrap();
+    (status, said)
+}
+
 #[test]
 fn a_copy_whose_output_nobody_reads_still_completes() {
     // `braid copy ... | head -1`: the summary's later lines meet a closed
@@ -286,22 +321,7 @@ fn a_copy_whose_output_nobody_reads_still_completes() {
     let src = random_file(dir.path(), 8 << 20, 7);
     let serve = two_portals("vol=mem:8MiB");
     let uri = serve.uri("vol");
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
-    let mut child = ChildGuard::spawn(
-        braid()
-            .args(["copy", "--no-progress"])
-            .arg(&src)
-            .arg(&uri)
-            .stdin(std::process::Stdio::null())
-            .stdout(writer)
-            .stderr(std::process::Stdio::piped()),
-    );
-    let status = child
-        .wait(Duration::from_secs(60))
-        .expect("copy still running after 60 s");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (status, stderr) = copy_into_a_closed_pipe(&src, &uri, Closed::Stdout);
     assert!(status.success(), "copy failed with {status}: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     let back = dir.path().join("back.img");
@@ -317,20 +337,7 @@ fn an_error_nobody_can_read_still_exits_with_its_own_status() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.img");
     let dest = dir.path().join("dest.img");
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
-    let mut child = ChildGuard::spawn(
-        braid()
-            .args(["copy", "--no-progress"])
-            .arg(&missing)
-            .arg(&dest)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(writer),
-    );
-    let status = child
-        .wait(Duration::from_secs(60))
-        .expect("copy still running after 60 s");
+    let (status, _) = copy_into_a_closed_pipe(&missing, dest.to_str().unwrap(), Closed::Stderr);
     assert_eq!(status.code(), Some(1), "copy of a missing file: {status}");
     assert!(!dest.exists(), "a failed copy created its destination");
 }
