@@ -327,8 +327,11 @@ braid attach/copy/bench for all paths at once.";
 #[derive(Args, Debug)]
 pub struct ServeArgs {
     /// Portal to serve on: ADDR[:PORT], IFACE[:PORT] (that interface's
-    /// addresses, bound to the device), or all[:PORT] (every non-loopback
-    /// address). Repeat for several. Default 127.0.0.1:10809
+    /// addresses, bound to the device), or all[:PORT] (every address a
+    /// client on another host could reach: not loopback, link-local,
+    /// container or hypervisor bridges (docker0, br-*, virbr*, cni*) and
+    /// their ports, or tunnels; what is left out is logged at start).
+    /// Repeat for several. Default 127.0.0.1:10809
     #[arg(short, long = "listen", value_name = "ADDR|IFACE|all")]
     pub listen: Vec<ListenSpec>,
 

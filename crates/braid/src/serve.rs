@@ -206,7 +206,14 @@ impl ServeConfig {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let cfg = ServeConfig::from_args(args)?;
-    let portals = portal::resolve(&cfg.listen).map_err(usage)?;
+    let resolved = portal::resolve(&cfg.listen).map_err(usage)?;
+    for l in &resolved.left_out {
+        info!(
+            "--listen all leaves out {} on {}: {} (--listen {} serves on it anyway)",
+            l.addr.ip, l.addr.iface, l.reason, l.addr.iface
+        );
+    }
+    let portals = resolved.portals;
     let exports = open_exports(&cfg)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

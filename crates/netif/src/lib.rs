@@ -5,6 +5,8 @@
 use std::ffi::CStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+pub mod link;
+pub mod reach;
 
 /// One address of one interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,7 +44,7 @@ impl IfaceAddr {
 
     /// IPv6 link-local addresses need a scope id to be reached.
     pub fn link_local(&self) -> bool {
-        matches!(self.ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+        matches!(self.ip, IpAddr::V6(_)) && reach::link_local(self.ip)
     }
 }
 
@@ -90,6 +92,39 @@ pub fn addrs() -> io::Result<Vec<IfaceAddr>> {
     // SAFETY: head came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(out)
+}
+
+/// An address of this host that `--listen all` leaves out, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeftOut {
+    pub addr: IfaceAddr,
+    pub reason: String,
+}
+
+/// Splits the up, non-loopback addresses of `addrs` into those a client on
+/// another host could reach and those it could not (with the reason),
+/// judging each interface by what the kernel says of it
+/// ([`reach::unreachable_reason`]). If the kernel cannot be asked, every
+/// address is kept: serving on too many portals is the safer mistake.
+pub fn reachable(addrs: &[IfaceAddr]) -> (Vec<IfaceAddr>, Vec<LeftOut>) {
+    let links = link::links().unwrap_or_default();
+    let mut keep = Vec::new();
+    let mut left = Vec::new();
+    for a in addrs.iter().filter(|a| a.up && !a.loopback) {
+        let kind = reach::IfaceKind::of(&links, &a.iface);
+        let master = kind
+            .master
+            .as_deref()
+            .map(|m| reach::IfaceKind::of(&links, m));
+        match reach::unreachable_reason(a, &kind, master.as_ref()) {
+            Some(reason) => left.push(LeftOut {
+                addr: a.clone(),
+                reason,
+            }),
+            None => keep.push(a.clone()),
+        }
+    }
+    (keep, left)
 }
 
 /// # Safety

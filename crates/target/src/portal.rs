@@ -75,15 +75,27 @@ impl std::fmt::Display for Portal {
     }
 }
 
-/// Turns `--listen` values into portals.
+/// What `--listen` values resolved to: the portals, and the addresses
+/// `all` left out because no client could reach them.
+#[derive(Clone, Debug, Default)]
+pub struct Resolved {
+    pub portals: Vec<Portal>,
+    pub left_out: Vec<braid_netif::LeftOut>,
+}
+
+/// Turns `--listen` values into portals. `all` takes the addresses a client
+/// on another host could reach ([`braid_netif::reachable`]); a named
+/// interface or address is taken as given.
 ///
 /// # Errors
 ///
 /// A message naming the value that matched nothing (an unknown interface,
 /// an interface without addresses, `all` on a host with no address).
-pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
+pub fn resolve(specs: &[ListenSpec]) -> Result<Resolved, String> {
     let addrs = braid_netif::addrs().map_err(|e| format!("cannot list interfaces: {e}"))?;
+    let (reachable, left_out) = braid_netif::reachable(&addrs);
     let mut out: Vec<Portal> = Vec::new();
+    let mut all_used = false;
     for spec in specs {
         let found: Vec<Portal> = match spec {
             ListenSpec::Addr(addr) => vec![Portal {
@@ -108,20 +120,25 @@ pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
                     })
                     .collect()
             }
-            ListenSpec::All { port } => addrs
-                .iter()
-                .filter(|a| a.up && !a.loopback && !a.link_local())
-                .map(|a| Portal {
-                    addr: SocketAddr::new(a.ip, *port),
-                    device: Some(a.iface.clone()),
-                })
-                .collect(),
+            ListenSpec::All { port } => {
+                all_used = true;
+                reachable
+                    .iter()
+                    .map(|a| Portal {
+                        addr: SocketAddr::new(a.ip, *port),
+                        device: Some(a.iface.clone()),
+                    })
+                    .collect()
+            }
         };
         if found.is_empty() {
             return Err(match spec {
-                ListenSpec::All { .. } => {
-                    "--listen all: this host has no non-loopback address that is up".to_string()
-                }
+                ListenSpec::All { .. } => format!(
+                    "--listen all: this host has no non-loopback address that is up and \
+                     reachable from other hosts{}; name an interface (--listen IFACE) to \
+                     serve on it anyway",
+                    left_out_list(&left_out)
+                ),
                 ListenSpec::Iface { name, .. } => {
                     format!("--listen {name}: the interface has no usable address")
                 }
@@ -134,7 +151,30 @@ pub fn resolve(specs: &[ListenSpec]) -> Result<Vec<Portal>, String> {
             }
         }
     }
-    Ok(out)
+    let left_out = if all_used {
+        // An address also named explicitly is served, so not left out.
+        left_out
+            .into_iter()
+            .filter(|l| !out.iter().any(|p| p.addr.ip() == l.addr.ip))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Ok(Resolved {
+        portals: out,
+        left_out,
+    })
+}
+
+fn left_out_list(left: &[braid_netif::LeftOut]) -> String {
+    if left.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = left
+        .iter()
+        .map(|l| format!("{} on {}: {}", l.addr.ip, l.addr.iface, l.reason))
+        .collect();
+    format!(" (left out: {})", each.join("; "))
 }
 
 /// Binds a listening TCP socket for a portal.
@@ -219,7 +259,8 @@ mod tests {
             name: "lo".into(),
             port: 1,
         }])
-        .unwrap();
+        .unwrap()
+        .portals;
         assert!(p.iter().any(|p| p.addr.ip().is_loopback()));
         assert!(p.iter().all(|p| p.device.as_deref() == Some("lo")));
         let e = resolve(&[ListenSpec::Iface {

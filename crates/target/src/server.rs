@@ -289,15 +289,16 @@ fn admit(ctx: &ConnCtx, peer: std::net::IpAddr) -> Result<(), String> {
 }
 
 /// Portal names for clients. A wildcard listener (0.0.0.0, ::) stands for
-/// every address of its family, so each is advertised instead.
+/// every address of its family that a client could reach, so each of
+/// those is advertised instead.
 fn advertise(addrs: impl Iterator<Item = io::Result<SocketAddr>>) -> Vec<String> {
-    let ifaces = braid_netif::addrs().unwrap_or_default();
+    let (ifaces, _) = braid_netif::reachable(&braid_netif::addrs().unwrap_or_default());
     let mut out: Vec<String> = Vec::new();
     for addr in addrs.flatten() {
         let expanded: Vec<SocketAddr> = if addr.ip().is_unspecified() {
             ifaces
                 .iter()
-                .filter(|a| a.up && !a.loopback && a.ip.is_ipv4() == addr.is_ipv4())
+                .filter(|a| a.ip.is_ipv4() == addr.is_ipv4())
                 .map(|a| SocketAddr::new(a.ip, addr.port()))
                 .collect()
         } else {
