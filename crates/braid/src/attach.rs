@@ -212,6 +212,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         for a in attached.iter() {
             print_usage(a);
         }
+        crate::notify::ready(&format!("{} volume(s) attached", attached.len()));
         tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         target.run().await.context("flushing at exit")?;
         for a in attached.iter() {

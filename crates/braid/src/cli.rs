@@ -64,6 +64,29 @@ pub enum Command {
     /// TLS helpers: `braid tls init DIR` makes a CA and certificates
     #[command(subcommand)]
     Tls(TlsCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(after_long_help = "Examples:
+  braid completions bash > /usr/share/bash-completion/completions/braid
+  braid completions zsh > /usr/local/share/zsh/site-functions/_braid
+  braid completions fish > ~/.config/fish/completions/braid.fish")]
+    Completions(CompletionsArgs),
+    /// Write the manual pages (braid.1, braid-serve.1, ...) into a directory
+    #[command(after_long_help = "Example:
+  braid manpages /usr/local/share/man/man1 && man braid-serve")]
+    Manpages(ManpagesArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManpagesArgs {
+    /// Directory for the pages (created if missing)
+    pub dir: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]

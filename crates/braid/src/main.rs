@@ -16,8 +16,10 @@ mod control;
 mod copy;
 mod demo;
 mod logging;
+mod manual;
 mod metrics;
 mod multipath;
+mod notify;
 mod out;
 mod pattern;
 mod rates;
@@ -44,6 +46,8 @@ fn main() -> ExitCode {
         cli::Command::Policy(args) => status::policy(args),
         cli::Command::Path(args) => status::path(args),
         cli::Command::Tls(cli::TlsCommand::Init(args)) => tls::init(args),
+        cli::Command::Completions(args) => manual::completions(args),
+        cli::Command::Manpages(args) => manual::manpages(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

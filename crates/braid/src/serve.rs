@@ -270,6 +270,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             &cfg.control,
             handler(registry, target.exports(), portals_shown, rates),
         )?;
+        crate::notify::ready(&format!(
+            "serving {} export(s) on {} portal(s)",
+            target.exports().iter().count(),
+            portals.len()
+        ));
         tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         target.run().await.context("flushing exports at exit")?;
         info!("stopped");
@@ -305,6 +310,7 @@ impl Signals {
             _ = self.term.recv() => "SIGTERM",
         };
         stop.stop();
+        crate::notify::stopping();
         info!("{which}: stopping");
     }
 }
