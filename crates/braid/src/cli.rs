@@ -362,6 +362,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub read_only: bool,
 
+    /// Refuse writes to this export only (repeatable)
+    #[arg(long = "read-only-export", value_name = "NAME")]
+    pub read_only_exports: Vec<String>,
+
     /// Create missing file sources as sparse files of this size (e.g. 10GiB)
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,
@@ -402,33 +406,35 @@ pub struct ServeArgs {
     #[arg(long = "allow", value_name = "NAME=CIDR")]
     pub allow: Vec<String>,
 
-    /// Connections at once, in total
-    #[arg(long, value_name = "N", default_value_t = 1024)]
-    pub max_connections: usize,
+    /// Connections at once, in total [default: 1024]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
 
-    /// Connections at once from one client address
-    #[arg(long, value_name = "N", default_value_t = 128)]
-    pub max_connections_per_client: usize,
+    /// Connections at once from one client address [default: 128]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_client: Option<usize>,
 
     /// Requests in flight per connection (more wait in the socket)
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub max_requests_per_connection: usize,
+    /// [default: 256]
+    #[arg(long, value_name = "N")]
+    pub max_requests_per_connection: Option<usize>,
 
-    /// Payload bytes in flight per connection
-    #[arg(long, value_name = "SIZE", default_value = "128M")]
-    pub max_inflight_per_connection: String,
+    /// Payload bytes in flight per connection [default: 128M]
+    #[arg(long, value_name = "SIZE")]
+    pub max_inflight_per_connection: Option<String>,
 
     /// Payload bytes in flight on the whole server, across connections
-    #[arg(long, value_name = "SIZE", default_value = "1G")]
-    pub max_inflight_total: String,
+    /// [default: 1G]
+    #[arg(long, value_name = "SIZE")]
+    pub max_inflight_total: Option<String>,
 
-    /// Seconds a client has to finish the handshake
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
-    pub handshake_timeout: f64,
+    /// Seconds a client has to finish the handshake [default: 10]
+    #[arg(long, value_name = "SECONDS")]
+    pub handshake_timeout: Option<f64>,
 
-    /// Close connections idle this many seconds (0: never)
-    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
-    pub idle_timeout: f64,
+    /// Close connections idle this many seconds (0: never) [default: 0]
+    #[arg(long, value_name = "SECONDS")]
+    pub idle_timeout: Option<f64>,
 
     /// Exports: NAME=SOURCE, where SOURCE is a file, a block device or
     /// mem:SIZE (e.g. vol=/srv/disk.img, demo=mem:1GiB)

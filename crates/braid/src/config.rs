@@ -22,6 +22,15 @@ pub struct ServeFile {
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
+    /// Size for every missing file source (an export's own `create` wins).
+    pub create: Option<String>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_client: Option<usize>,
+    pub max_requests_per_connection: Option<usize>,
+    pub max_inflight_per_connection: Option<String>,
+    pub max_inflight_total: Option<String>,
+    pub handshake_timeout: Option<f64>,
+    pub idle_timeout: Option<f64>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ServeExport>,
 }
@@ -39,6 +48,9 @@ pub struct ServeExport {
     /// Client networks allowed to use the export (default: all).
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Refuse writes to this export (`--read-only-export NAME`).
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// `braid attach --config FILE`.
@@ -159,6 +171,50 @@ mod tests {
         let m = attach.volumes[0].multipath().unwrap();
         assert_eq!(m.locals.len(), 2);
         assert_eq!(m.no_path_timeout, "60");
+    }
+
+    /// Every flag of `braid serve` has its key, documented in
+    /// contrib/serve.toml, and the example with every key set parses.
+    #[test]
+    fn every_serve_flag_has_a_documented_key() {
+        use clap::CommandFactory;
+        let example = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../contrib/serve.toml"
+        ))
+        .unwrap();
+        // Uncommenting `# key = value` lines gives the file with every key.
+        let every_key: String = example
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.split_whitespace().nth(1) == Some("=") => rest,
+                _ => l,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let file: ServeFile = toml::from_str(&every_key).unwrap();
+        assert!(file.max_connections.is_some() && file.idle_timeout.is_some());
+        assert!(file.create.is_some() && file.tls_client_ca.is_some());
+        let keys: Vec<&str> = every_key
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim()))
+            .collect();
+        let cli = crate::cli::Cli::command();
+        let serve = cli.find_subcommand("serve").unwrap();
+        for arg in serve.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let key = match long {
+                "config" | "help" | "verbose" | "quiet" => continue,
+                // Per export, inside [[export]].
+                "volume-id" => "volume_id".to_owned(),
+                "read-only-export" => "read_only".to_owned(),
+                other => other.replace('-', "_"),
+            };
+            assert!(
+                keys.contains(&key.as_str()),
+                "--{long} has no key {key:?} in contrib/serve.toml"
+            );
+        }
     }
 
     #[test]

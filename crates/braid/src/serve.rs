@@ -26,6 +26,8 @@ struct ServeConfig {
     listen: Vec<ListenSpec>,
     default_listen: bool,
     read_only: bool,
+    /// Exports that refuse writes when the whole server does not.
+    read_only_exports: std::collections::HashSet<String>,
     /// Size to create each missing file source with, by export name.
     create: HashMap<String, u64>,
     volume_ids: HashMap<String, Uuid>,
@@ -63,7 +65,37 @@ impl ServeConfig {
             if let Some(id) = &e.volume_id {
                 args.volume_ids.push(format!("{}={id}", e.name));
             }
+            if e.read_only {
+                args.read_only_exports.push(e.name.clone());
+            }
         }
+        // A flag wins over its key in the file.
+        args.create = args.create.or(file.create);
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(1024);
+        let max_connections_per_client = args
+            .max_connections_per_client
+            .or(file.max_connections_per_client)
+            .unwrap_or(128);
+        let max_requests_per_connection = args
+            .max_requests_per_connection
+            .or(file.max_requests_per_connection)
+            .unwrap_or(256);
+        let max_inflight_per_connection = args
+            .max_inflight_per_connection
+            .or(file.max_inflight_per_connection)
+            .unwrap_or_else(|| "128M".into());
+        let max_inflight_total = args
+            .max_inflight_total
+            .or(file.max_inflight_total)
+            .unwrap_or_else(|| "1G".into());
+        let handshake_timeout = args
+            .handshake_timeout
+            .or(file.handshake_timeout)
+            .unwrap_or(10.0);
+        let idle_timeout = args.idle_timeout.or(file.idle_timeout).unwrap_or(0.0);
         for l in &file.listen {
             args.listen.push(l.parse().map_err(usage)?);
         }
@@ -72,6 +104,13 @@ impl ServeConfig {
         for e in &args.exports {
             if !seen.insert(e.name.clone()) {
                 return Err(usage(format!("export name {:?} is given twice", e.name)));
+            }
+        }
+        for name in &args.read_only_exports {
+            if !seen.contains(name) {
+                return Err(usage(format!(
+                    "--read-only-export {name:?}: there is no export of that name"
+                )));
             }
         }
         let mut volume_ids = HashMap::new();
@@ -133,15 +172,14 @@ impl ServeConfig {
                 Err(usage(format!("{flag} must be a number of seconds")))
             }
         };
-        let inflight = parse_size(&args.max_inflight_per_connection).map_err(|e| {
+        let inflight = parse_size(&max_inflight_per_connection).map_err(|e| {
             usage(format!(
-                "--max-inflight-per-connection {:?}: {e}",
-                args.max_inflight_per_connection
+                "--max-inflight-per-connection {max_inflight_per_connection:?}: {e}"
             ))
         })?;
-        if args.max_connections == 0
-            || args.max_connections_per_client == 0
-            || args.max_requests_per_connection == 0
+        if max_connections == 0
+            || max_connections_per_client == 0
+            || max_requests_per_connection == 0
             || inflight < 32 << 20
         {
             return Err(usage(
@@ -149,30 +187,26 @@ impl ServeConfig {
                  32M (one maximum request)",
             ));
         }
-        let total = parse_size(&args.max_inflight_total).map_err(|e| {
-            usage(format!(
-                "--max-inflight-total {:?}: {e}",
-                args.max_inflight_total
-            ))
-        })?;
+        let total = parse_size(&max_inflight_total)
+            .map_err(|e| usage(format!("--max-inflight-total {max_inflight_total:?}: {e}")))?;
         if total < inflight {
             return Err(usage(
                 "--max-inflight-total must be at least --max-inflight-per-connection",
             ));
         }
-        let handshake = secs(args.handshake_timeout, "--handshake-timeout")?;
+        let handshake = secs(handshake_timeout, "--handshake-timeout")?;
         if handshake.is_zero() {
             return Err(usage("--handshake-timeout must be more than 0"));
         }
-        let idle = secs(args.idle_timeout, "--idle-timeout")?;
+        let idle = secs(idle_timeout, "--idle-timeout")?;
         let limits = Limits {
             handshake_timeout: handshake,
             idle_timeout: (!idle.is_zero()).then_some(idle),
-            max_requests: args.max_requests_per_connection,
+            max_requests: max_requests_per_connection,
             max_bytes: inflight as usize,
             max_total_bytes: total as usize,
-            max_connections: args.max_connections,
-            max_connections_per_client: args.max_connections_per_client,
+            max_connections,
+            max_connections_per_client,
         };
         let default_listen = args.listen.is_empty();
         let listen = if default_listen {
@@ -186,6 +220,7 @@ impl ServeConfig {
             listen,
             default_listen,
             read_only: args.read_only,
+            read_only_exports: args.read_only_exports.into_iter().collect(),
             create,
             volume_ids,
             state_dir: args
@@ -319,6 +354,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
     let mut store: Option<IdentityStore> = None;
     let mut list = Vec::new();
     for spec in &cfg.exports {
+        let read_only = cfg.read_only || cfg.read_only_exports.contains(&spec.name);
         let (backend, description): (Arc<dyn Backend>, String) = match &spec.source {
             Source::Mem(size) => (
                 Arc::new(FileBackend::memory(*size).context("cannot make a memory volume")?),
@@ -326,7 +362,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
             ),
             Source::File(path) => {
                 create_if_missing(path, cfg.create.get(&spec.name).copied())?;
-                let b = FileBackend::open(path, cfg.read_only)
+                let b = FileBackend::open(path, read_only)
                     .with_context(|| format!("export {:?}", spec.name))?;
                 (Arc::new(b), path.display().to_string())
             }
@@ -338,13 +374,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
                 identity(&mut store, &cfg.state_dir, path, explicit.copied())?
             }
         };
-        let mut export = Export::local(
-            spec.name.clone(),
-            description,
-            backend,
-            cfg.read_only,
-            volume,
-        );
+        let mut export = Export::local(spec.name.clone(), description, backend, read_only, volume);
         export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
         list.push(Arc::new(export));
     }
