@@ -420,6 +420,7 @@ pub fn volume_status(a: &Attached, rates: &Rates) -> Value {
                 "errors": f.counters.errors,
                 "failures": f.counters.failures,
                 "restores": f.counters.restores,
+                "config": knobs(&f.config),
                 "resent": f.counters.resent,
             })
         })
@@ -477,13 +478,43 @@ fn handler(attached: Arc<Vec<Attached>>, rates: Arc<Mutex<Rates>>) -> control::H
                         Err(e) => json!({"ok": false, "error": e}),
                     }
                 }
-                _ => {
-                    json!({"ok": false, "error": "give a volume, a path number and enable true/false"})
+                (Some(a), Some(n), None) if req["set"].is_array() => {
+                    let items: Vec<&str> = req["set"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    match braid_initiator::PathAttrs::parse(items)
+                        .and_then(|attrs| a.volume.set_path_attrs(n as usize, &attrs))
+                    {
+                        Ok(c) => {
+                            info!(volume = %a.name, "path {n} set: {}", knobs(&c));
+                            json!({"ok": true, "config": knobs(&c)})
+                        }
+                        Err(e) => json!({"ok": false, "error": e}),
+                    }
                 }
+                _ => json!({
+                    "ok": false,
+                    "error": "give a volume, a path number, and enable true/false or set [key=value]"
+                }),
             },
             _ => json!({"ok": false, "error": "unknown op; use status, policy or path"}),
         }
     })
+}
+
+/// A path's knobs as `braid status` and the logs show them.
+pub fn knobs(c: &braid_initiator::engine::PathConfig) -> String {
+    format!(
+        "priority={} weight={} standby={} relative-throughput={} repeat-count={}",
+        c.priority,
+        c.weight,
+        if c.standby { "yes" } else { "no" },
+        c.relative_throughput.max(1),
+        c.repeat_count
+    )
 }
 
 #[cfg(test)]

@@ -165,14 +165,83 @@ pub struct StatusArgs {
     pub control: Option<PathBuf>,
 }
 
+/// A path policy, by the name users know (DESIGN.md, "Path selection").
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyName {
+    /// Each chunk where it is predicted to finish first, from measured
+    /// throughput and latency (the default)
+    Adaptive,
+    /// The usable path with the lowest priority; others stand by
+    Failover,
+    /// Paths in turn, repeat-count requests each
+    RoundRobin,
+    /// Round-robin over the non-standby paths; standbys only when all
+    /// active ones fail
+    RoundRobinSubset,
+    /// Fewest requests in flight
+    LeastQueueDepth,
+    /// Fewest bytes in flight
+    LeastBlocks,
+    /// The usable path with the lowest weight (MPIO's weighted paths)
+    Weighted,
+    /// Least (bytes in flight + request) / relative throughput
+    ServiceTime,
+    /// Shortest predicted completion from measured service times
+    HistoricalServiceTime,
+}
+
+impl PolicyName {
+    /// The name the policy crate and the control socket use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Adaptive => "adaptive",
+            Self::Failover => "failover",
+            Self::RoundRobin => "round-robin",
+            Self::RoundRobinSubset => "round-robin-subset",
+            Self::LeastQueueDepth => "least-queue-depth",
+            Self::LeastBlocks => "least-blocks",
+            Self::Weighted => "weighted",
+            Self::ServiceTime => "service-time",
+            Self::HistoricalServiceTime => "historical-service-time",
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use super::PolicyName;
+
+    /// The flag lists exactly the policies the engine knows, by the same
+    /// names, default first.
+    #[test]
+    fn policy_values_are_the_policy_crates_names() {
+        let listed: Vec<String> = PolicyName::value_variants()
+            .iter()
+            .map(|p| {
+                let name = p.to_possible_value().unwrap().get_name().to_owned();
+                assert_eq!(name, p.as_str());
+                name
+            })
+            .collect();
+        assert_eq!(listed, braid_policy::NAMES);
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct PolicyArgs {
     /// The attached volume's name
     pub volume: String,
-    /// adaptive, failover, round-robin, round-robin-subset,
-    /// least-queue-depth, least-blocks, weighted, service-time,
-    /// historical-service-time
-    pub policy: String,
+    /// The policy to switch to
+    #[arg(value_enum)]
+    pub policy: PolicyName,
     /// The attach's control socket [default: found in /run/braid/ctl]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
@@ -184,8 +253,10 @@ pub struct PathArgs {
     pub volume: String,
     /// The path number, as `braid status` shows it
     pub path: usize,
-    /// enable or disable
-    pub action: String,
+    /// enable, disable, or knobs to set: priority=N, weight=N, standby=yes|no,
+    /// relative-throughput=N, repeat-count=N
+    #[arg(required = true, num_args = 1..)]
+    pub action: Vec<String>,
     /// The attach's control socket [default: found in /run/braid/ctl]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
@@ -226,11 +297,18 @@ pub struct MultipathArgs {
     #[arg(long = "local", value_name = "ADDR|IFACE")]
     pub locals: Vec<braid_initiator::LocalSpec>,
 
-    /// Path policy: adaptive (default), failover, round-robin,
-    /// round-robin-subset, least-queue-depth, least-blocks, weighted,
-    /// service-time, historical-service-time
-    #[arg(long, value_name = "NAME")]
-    pub policy: Option<String>,
+    /// A path with its knobs: PORTAL[@LOCAL][,key=value...], e.g.
+    /// 10.0.1.5@eth1,weight=3,priority=1 or @eth2,standby (repeatable).
+    /// Keys: priority (failover order, lower first), weight (weighted,
+    /// lower first), standby (round-robin-subset), relative-throughput
+    /// (service-time), repeat-count (round-robin). Its portal joins those
+    /// in use (advertised, or --portal), its local side joins --local
+    #[arg(long = "path", value_name = "PORTAL@LOCAL,KEY=VALUE")]
+    pub paths: Vec<braid_initiator::PathRule>,
+
+    /// Path policy [default: adaptive]
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub policy: Option<PolicyName>,
 
     /// NBD connections per path
     #[arg(long, value_name = "N", default_value_t = 1)]

@@ -72,6 +72,9 @@ pub struct AttachVolume {
     pub socket: Option<PathBuf>,
     pub tcp: Option<String>,
     pub policy: Option<String>,
+    /// Paths with their knobs, as `--path` takes them.
+    #[serde(default)]
+    pub paths: Vec<String>,
     #[serde(default)]
     pub portals: Vec<String>,
     #[serde(default)]
@@ -89,6 +92,26 @@ pub struct AttachVolume {
 impl AttachVolume {
     /// The same settings as the flags would give.
     pub fn multipath(&self) -> Result<MultipathArgs> {
+        let policy = self
+            .policy
+            .as_deref()
+            .map(|p| {
+                <crate::cli::PolicyName as clap::ValueEnum>::from_str(p, false).map_err(|_| {
+                    UsageError(format!(
+                        "volume {:?}: policy {p:?}: valid policies are {}",
+                        self.uri,
+                        braid_policy::NAMES.join(", ")
+                    ))
+                })
+            })
+            .transpose()?;
+        let mut paths = Vec::new();
+        for p in &self.paths {
+            paths.push(
+                p.parse()
+                    .map_err(|e: String| UsageError(format!("volume {:?}: {e}", self.uri)))?,
+            );
+        }
         let mut locals = Vec::new();
         for l in &self.locals {
             locals.push(
@@ -115,7 +138,8 @@ impl AttachVolume {
             tls_ca: self.tls_ca.clone(),
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
-            policy: self.policy.clone(),
+            paths,
+            policy,
             connections_per_path: self.connections_per_path.unwrap_or(1),
             no_path_timeout,
             timeout_floor: self.timeout_floor.unwrap_or(0.5),

@@ -23,6 +23,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         cfg.portals.push(addr);
     }
     cfg.locals = args.locals.clone();
+    cfg.paths = args.paths.clone();
     if let Some(ca) = &args.tls_ca {
         cfg.tls = Some(crate::tls::client(
             ca,
@@ -30,15 +31,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
             args.tls_key.as_deref(),
         )?);
     }
-    if let Some(p) = &args.policy {
-        if !braid_policy::NAMES.contains(&p.as_str()) {
-            return Err(usage(format!(
-                "--policy {p:?}: valid policies are {}",
-                braid_policy::NAMES.join(", ")
-            )));
-        }
-    }
-    cfg.policy = args.policy.clone();
+    cfg.policy = args.policy.map(|p| p.as_str().to_owned());
     if args.connections_per_path == 0 {
         return Err(usage("--connections-per-path must be at least 1"));
     }

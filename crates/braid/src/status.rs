@@ -125,6 +125,10 @@ pub fn render(v: &Value) -> String {
                         p["failures"],
                         p["restores"],
                     ));
+                    // Knobs only once someone set them: most volumes have none.
+                    if let Some(c) = p["config"].as_str().filter(|c| *c != DEFAULT_KNOBS) {
+                        out.push_str(&format!("{cont}   {c}\n"));
+                    }
                 }
             }
         }
@@ -175,14 +179,6 @@ fn expect_ok(v: Value) -> Result<()> {
 }
 
 pub fn policy(args: PolicyArgs) -> Result<()> {
-    if !braid_policy::NAMES.contains(&args.policy.as_str()) {
-        return Err(UsageError(format!(
-            "unknown policy {:?}; valid policies are {}",
-            args.policy,
-            braid_policy::NAMES.join(", ")
-        ))
-        .into());
-    }
     runtime()?.block_on(async {
         let sock = match &args.control {
             Some(p) => p.clone(),
@@ -190,7 +186,7 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
         };
         let v = control::request(
             &sock,
-            &json!({"op": "policy", "volume": args.volume, "policy": args.policy}),
+            &json!({"op": "policy", "volume": args.volume, "policy": args.policy.as_str()}),
         )
         .await?;
         expect_ok(v)?;
@@ -199,12 +195,29 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
     })
 }
 
+/// What `attach::knobs` says of a path nobody configured.
+const DEFAULT_KNOBS: &str = "priority=0 weight=0 standby=no relative-throughput=1 repeat-count=0";
+
 pub fn path(args: PathArgs) -> Result<()> {
-    let enable = match args.action.as_str() {
-        "enable" => true,
-        "disable" => false,
-        other => {
-            return Err(UsageError(format!("{other:?}: use enable or disable")).into());
+    let first = args.action.first().map(String::as_str);
+    let (request, done) = match (first, args.action.len()) {
+        (Some("enable"), 1) => (
+            json!({"op": "path", "volume": args.volume, "path": args.path, "enable": true}),
+            "enabled".to_owned(),
+        ),
+        (Some("disable"), 1) => (
+            json!({"op": "path", "volume": args.volume, "path": args.path, "enable": false}),
+            "disabled (requests in flight finish there; new ones go elsewhere)".to_owned(),
+        ),
+        _ => {
+            // Checked here too, so a typo is a usage error before anything
+            // is asked of the volume.
+            braid_initiator::PathAttrs::parse(args.action.iter().map(String::as_str))
+                .map_err(|e| UsageError(format!("{e}; or give enable or disable")))?;
+            (
+                json!({"op": "path", "volume": args.volume, "path": args.path, "set": args.action}),
+                String::new(),
+            )
         }
     };
     runtime()?.block_on(async {
@@ -212,22 +225,13 @@ pub fn path(args: PathArgs) -> Result<()> {
             Some(p) => p.clone(),
             None => control::find_volume(&args.volume).await?,
         };
-        let v = control::request(
-            &sock,
-            &json!({"op": "path", "volume": args.volume, "path": args.path, "enable": enable}),
-        )
-        .await?;
+        let v = control::request(&sock, &request).await?;
+        let config = v["config"].as_str().map(str::to_owned);
         expect_ok(v)?;
-        outln!(
-            "{}: path {} {}",
-            args.volume,
-            args.path,
-            if enable {
-                "enabled"
-            } else {
-                "disabled (requests in flight finish there; new ones go elsewhere)"
-            }
-        );
+        match config {
+            Some(c) => outln!("{}: path {} {c}", args.volume, args.path),
+            None => outln!("{}: path {} {done}", args.volume, args.path),
+        }
         Ok(())
     })
 }

@@ -10,10 +10,14 @@
 pub mod conn;
 pub mod discover;
 pub mod engine;
+pub mod pathrule;
 pub mod uri;
 mod volume;
 
 pub use discover::LocalSpec;
 pub use engine::{IoError, Op};
+pub use pathrule::{PathAttrs, PathRule};
 pub use uri::{Endpoint, NbdUri};
-pub use volume::{Done, OpenError, PathFigures, Volume, VolumeConfig, VolumeInfo, VolumeReport};
+pub use volume::{
+    Done, OpenError, PathFigures, PolicyError, Volume, VolumeConfig, VolumeInfo, VolumeReport,
+};

@@ -161,6 +161,10 @@ pub struct PathView {
     pub weight: u32,
     /// `service-time` relative throughput, at least 1.
     pub relative_throughput: u32,
+    /// `round-robin` and `round-robin-subset`: consecutive choices of this
+    /// path per turn (dm's per-path `rr_min_io`); 0 takes the policy's
+    /// own [`PolicyOptions::rr_repeat`].
+    pub repeat: u32,
     /// Requests sent on this path and not yet answered.
     pub inflight_requests: u32,
     /// Payload bytes of those requests.
@@ -187,6 +191,7 @@ impl Default for PathView {
             priority: 0,
             weight: 0,
             relative_throughput: 1,
+            repeat: 0,
             inflight_requests: 0,
             inflight_bytes: 0,
             throughput: 0.0,

@@ -30,7 +30,7 @@ impl Policy for RoundRobin {
     }
 
     fn choose(&mut self, _req: &Request, paths: &[PathView]) -> Option<usize> {
-        self.turn.next(paths.len(), |i| paths[i].usable)
+        self.turn.next(paths, |i| paths[i].usable)
     }
 }
 
@@ -57,7 +57,7 @@ impl Policy for RoundRobinSubset {
 
     fn choose(&mut self, _req: &Request, paths: &[PathView]) -> Option<usize> {
         let want_standby = !paths.iter().any(|p| p.usable && !p.standby);
-        self.turn.next(paths.len(), |i| {
+        self.turn.next(paths, |i| {
             paths[i].usable && paths[i].standby == want_standby
         })
     }
@@ -83,7 +83,8 @@ impl Turn {
         }
     }
 
-    fn next(&mut self, len: usize, eligible: impl Fn(usize) -> bool) -> Option<usize> {
+    fn next(&mut self, paths: &[PathView], eligible: impl Fn(usize) -> bool) -> Option<usize> {
+        let len = paths.len();
         // The path set may have shrunk or the current path failed since the
         // last choice; its remaining turn is then forfeit.
         if let Some(i) = self
@@ -95,7 +96,13 @@ impl Turn {
         }
         let i = self.rotor.next(len, eligible)?;
         self.current = Some(i);
-        self.left = self.repeat - 1;
+        // A path's own count wins over the policy's (dm sets rr_min_io per
+        // path).
+        let repeat = match paths[i].repeat {
+            0 => self.repeat,
+            own => own,
+        };
+        self.left = repeat - 1;
         Some(i)
     }
 }
@@ -120,6 +127,19 @@ mod tests {
         let picks = choices(&mut RoundRobin::new(3), 4096, &paths, 8);
         assert_eq!(picks, [0, 0, 0, 1, 1, 1, 0, 0]);
         assert_eq!(choices(&mut RoundRobin::new(0), 4096, &paths, 3), [0, 1, 0]);
+    }
+
+    #[test]
+    fn a_paths_own_repeat_count_wins_over_the_policys() {
+        let paths = [
+            PathView {
+                repeat: 3,
+                ..gbit()
+            },
+            gbit(),
+        ];
+        let picks = choices(&mut RoundRobin::new(2), 4096, &paths, 10);
+        assert_eq!(picks, [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]);
     }
 
     #[test]

@@ -35,6 +35,7 @@ fn path() -> impl Strategy<Value = PathView> {
                 priority,
                 weight,
                 relative_throughput,
+                repeat: 0,
                 inflight_requests,
                 inflight_bytes,
                 throughput,

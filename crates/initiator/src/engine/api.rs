@@ -216,4 +216,6 @@ pub struct PathReport {
     pub latency: Histogram,
     pub idle: Duration,
     pub fencing: bool,
+    /// The knobs set for the path (priority, weight, standby, ...).
+    pub config: super::PathConfig,
 }

@@ -368,6 +368,17 @@ impl Engine {
         self.release_held(now);
     }
 
+    /// Changes a path's knobs (priority, weight, standby, ...) on the live
+    /// volume. Chunks in flight stay where they are; what waits for a path
+    /// is placed again, since a path that stood by may be eligible now.
+    pub fn set_path_config(&mut self, now: Duration, path: PathId, config: PathConfig) {
+        self.paths[path.0].config = config;
+        let waiting: Vec<Piece> = self.waiting.drain(..).collect();
+        for piece in waiting {
+            self.dispatch(now, piece);
+        }
+    }
+
     /// Places a piece on the best usable path, or queues it. Returns the
     /// path it went to.
     fn dispatch(&mut self, now: Duration, piece: Piece) -> Option<usize> {
@@ -468,6 +479,7 @@ impl Engine {
             latency: p.latency_hist.clone(),
             idle: now.saturating_sub(p.last_activity),
             fencing: p.fencing,
+            config: p.config.clone(),
         }
     }
 

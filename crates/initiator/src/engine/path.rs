@@ -32,13 +32,21 @@ impl PathState {
     }
 }
 
-/// User-set attributes of a path.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// User-set attributes of a path (`--path ...,weight=3`), read by the
+/// policies that name them; the others ignore them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PathConfig {
+    /// `failover`: lower is preferred.
     pub priority: u32,
+    /// `weighted`: lower is preferred (MPIO's weighted paths).
     pub weight: u32,
+    /// `service-time`: relative throughput; 0 reads as 1.
     pub relative_throughput: u32,
+    /// `round-robin-subset`: used only while no active path is usable.
     pub standby: bool,
+    /// `round-robin`, `round-robin-subset`: consecutive requests per turn;
+    /// 0 takes the policy's own.
+    pub repeat_count: u32,
 }
 
 /// One connection of a path.
@@ -206,6 +214,7 @@ impl Path {
             priority: self.config.priority,
             weight: self.config.weight,
             relative_throughput: self.config.relative_throughput.max(1),
+            repeat: self.config.repeat_count,
             inflight_requests: self.inflight_requests(),
             inflight_bytes: self.inflight_bytes(),
             throughput: self.throughput.or_zero(),

@@ -6,6 +6,7 @@
 //! call is submitted to the engine, whose actions the driver carries out;
 //! failed paths are fenced and reconnected in the background.
 
+mod admin;
 mod core;
 mod recover;
 
@@ -13,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid_policy::{by_name, PolicyOptions, SplitRules, UnknownPolicy};
+use braid_policy::{by_name, PolicyOptions, SplitRules};
 use braid_proto::reply::Extent;
 use braid_proto::{CmdFlags, Errno, TransmissionFlags};
 use bytes::Bytes;
@@ -22,9 +23,12 @@ use tracing::{info, warn};
 
 use crate::conn::ConnectError;
 use crate::discover::{self, Expect, LocalSpec};
-use crate::engine::{Engine, EngineConfig, IoError, Op, PathConfig, PathId, PathReport};
+use crate::engine::{Engine, EngineConfig, IoError, Op, PathId, PathReport};
+use crate::pathrule::PathRule;
 use crate::uri::{Endpoint, NbdUri};
 
+pub use self::admin::PolicyError;
+use self::admin::{path_configs, with_rules};
 pub use self::core::Done;
 use self::core::{Core, PathIo, Shared};
 
@@ -38,6 +42,10 @@ pub struct VolumeConfig {
     /// Local addresses or interfaces to send from, one path each (paired
     /// with portals).
     pub locals: Vec<LocalSpec>,
+    /// Paths named with their knobs (`--path PORTAL@LOCAL,weight=3`): their
+    /// portals and local sides join the two lists above, and each path
+    /// takes the knobs of every rule that matches it.
+    pub paths: Vec<PathRule>,
     /// Connections per path; default 1.
     pub connections_per_path: Option<usize>,
     /// Policy name; `None` is `adaptive` (or `failover` where the target
@@ -69,6 +77,7 @@ impl VolumeConfig {
             uri,
             portals: Vec::new(),
             locals: Vec::new(),
+            paths: Vec::new(),
             connections_per_path: None,
             policy: None,
             policy_options: PolicyOptions::default(),
@@ -161,7 +170,7 @@ impl Volume {
     ///
     /// See [`OpenError`]: the messages say what to change.
     pub async fn open(cfg: VolumeConfig) -> Result<Self, OpenError> {
-        let locals = discover::resolve_locals(&cfg.locals).map_err(OpenError::Usage)?;
+        let locals = discover::resolve_locals(&with_rules(&cfg)).map_err(OpenError::Usage)?;
         let tls =
             match (&cfg.tls, cfg.uri.tls) {
                 (Some(config), _) => {
@@ -203,7 +212,7 @@ impl Volume {
             tls.as_ref(),
         )
         .await?;
-        let portals: Vec<Endpoint> = match (&cfg.uri.endpoint, cfg.portals.is_empty()) {
+        let mut portals: Vec<Endpoint> = match (&cfg.uri.endpoint, cfg.portals.is_empty()) {
             (Endpoint::Unix(_), _) => vec![cfg.uri.endpoint.clone()],
             (_, false) => cfg.portals.iter().copied().map(Endpoint::Tcp).collect(),
             (_, true) if !d.portals.is_empty() => {
@@ -211,11 +220,21 @@ impl Volume {
             }
             _ => vec![cfg.uri.endpoint.clone()],
         };
+        // A portal named by a --path joins those in use; it never narrows
+        // them (--portal does).
+        if !matches!(cfg.uri.endpoint, Endpoint::Unix(_)) {
+            for p in cfg.paths.iter().filter_map(|r| r.portal) {
+                if !portals.contains(&Endpoint::Tcp(p)) {
+                    portals.push(Endpoint::Tcp(p));
+                }
+            }
+        }
         let specs = if matches!(cfg.uri.endpoint, Endpoint::Unix(_)) {
             discover::pair(&[], &portals)
         } else {
             discover::pair(&locals, &portals)
         };
+        let configs = path_configs(&cfg.paths, &specs).map_err(OpenError::Usage)?;
         let multi = d.export.flags.can_multi_conn();
         let spreading = specs.len() > 1 || cfg.connections_per_path.unwrap_or(1) > 1;
         let policy_name = match (&cfg.policy, multi) {
@@ -263,8 +282,8 @@ impl Volume {
         let epoch = Instant::now();
         let mut engine = Engine::new(engine_cfg, policy);
         let mut paths = Vec::new();
-        for spec in &specs {
-            engine.add_path(PathConfig::default(), Duration::ZERO);
+        for (spec, config) in specs.iter().zip(configs) {
+            engine.add_path(config, Duration::ZERO);
             paths.push(PathIo {
                 spec: spec.clone(),
                 conns: Vec::new(),
@@ -450,36 +469,6 @@ impl Volume {
             .submit(Op::BlockStatus, offset, len, CmdFlags(0), None)
             .await?;
         Ok(done.status.into_iter().flat_map(|s| s.extents).collect())
-    }
-
-    /// Switches policy on the live volume.
-    ///
-    /// # Errors
-    ///
-    /// [`UnknownPolicy`] for a name that is not a policy.
-    pub fn set_policy(&self, name: &str, opts: &PolicyOptions) -> Result<(), UnknownPolicy> {
-        let policy = by_name(name, opts)?;
-        self.shared.lock().engine.set_policy(policy);
-        Ok(())
-    }
-
-    /// Takes path `index` (1-based) out of use, or back into use.
-    ///
-    /// # Errors
-    ///
-    /// No such path.
-    pub fn set_path_enabled(&self, index: usize, enabled: bool) -> Result<(), String> {
-        let mut core = self.shared.lock();
-        if index == 0 || index > core.engine.path_count() {
-            return Err(format!(
-                "no path {index}: the volume has paths 1 to {}",
-                core.engine.path_count()
-            ));
-        }
-        let now = self.shared.now();
-        core.engine.set_enabled(now, PathId(index - 1), enabled);
-        core.act(&self.shared);
-        Ok(())
     }
 
     /// Every path's figures now.
