@@ -182,6 +182,7 @@ fn report_step(
     let delta = braid_initiator::VolumeReport {
         policy: after.policy.clone(),
         uptime: after.uptime,
+        counters: after.counters.clone(),
         paths: after
             .paths
             .iter()

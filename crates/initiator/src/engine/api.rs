@@ -213,7 +213,11 @@ pub struct PathReport {
     pub throughput: f64,
     /// Estimated base latency (round trip and server time, no queueing).
     pub base_latency: Duration,
+    /// Latency of the user's requests since the path was added.
     pub latency: Histogram,
+    /// The same over the last 10 s and the last minute.
+    pub latency_10s: Histogram,
+    pub latency_1m: Histogram,
     pub idle: Duration,
     pub fencing: bool,
     /// The knobs set for the path (priority, weight, standby, ...).

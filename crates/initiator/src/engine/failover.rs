@@ -150,6 +150,7 @@ impl Engine {
     /// The fence asked by [`Action::Fence`] completed: the held writes of
     /// `path` are re-sent.
     pub fn fence_done(&mut self, now: Duration, path: PathId) {
+        self.counters.fences += 1;
         let held = std::mem::take(&mut self.fence_hold[path.0]);
         let mut resent = Vec::new();
         for piece in held {

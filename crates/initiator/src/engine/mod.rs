@@ -24,6 +24,7 @@
 //!   acknowledge.
 
 mod api;
+mod counters;
 mod failover;
 mod held;
 pub mod path;
@@ -45,6 +46,7 @@ pub use api::{
 };
 use path::Path;
 pub use path::{PathConfig, PathCounters, PathState};
+pub use counters::VolumeCounters;
 pub use stats::{Ewma, Histogram};
 
 /// Bytes per second assumed of a path before any is measured (100 Mbit/s):
@@ -144,6 +146,7 @@ pub struct Engine {
     fence_hold: Vec<Vec<Piece>>,
     actions: VecDeque<Action>,
     views: Vec<PathView>,
+    counters: VolumeCounters,
 }
 
 impl Engine {
@@ -163,6 +166,7 @@ impl Engine {
             held: VecDeque::new(),
             fence_hold: Vec::new(),
             actions: VecDeque::new(),
+            counters: VolumeCounters::default(),
             views: Vec::new(),
         }
     }
@@ -277,6 +281,13 @@ impl Engine {
         };
         let path = &mut self.paths[chunk.path];
         path.completed(chunk.conn, chunk.bytes, chunk.ahead, chunk.sent_at, now);
+        if chunk.piece.is_some() {
+            // Probes are the engine's, not the user's: their latency would
+            // flatter an idle path.
+            let service = now.saturating_sub(chunk.sent_at);
+            path.latency_hist.record(service);
+            path.recent_latency.record(now, service);
+        }
         let c = &mut path.counters;
         match chunk.op {
             // Probes are health checks, not the user's data.
@@ -327,6 +338,15 @@ impl Engine {
             self.release_flushes(now);
         }
         let _ = r.op;
+        if let Some(e) = &r.error {
+            self.counters.errors_returned += 1;
+            if e.errno() == Errno::Io {
+                self.counters.eio_returned += 1;
+            }
+            if matches!(e, IoError::NoPath(_)) {
+                self.counters.no_path_timeouts += 1;
+            }
+        }
         self.actions.push_back(Action::Complete {
             req,
             result: r.error.map_or(Ok(()), Err),
@@ -477,6 +497,8 @@ impl Engine {
             throughput: p.throughput.or_zero(),
             base_latency: Duration::from_secs_f64(p.latency.or_zero()),
             latency: p.latency_hist.clone(),
+            latency_10s: p.recent_latency.over(now, Duration::from_secs(10)),
+            latency_1m: p.recent_latency.over(now, Duration::from_secs(60)),
             idle: now.saturating_sub(p.last_activity),
             fencing: p.fencing,
             config: p.config.clone(),
@@ -491,6 +513,11 @@ impl Engine {
     /// Whether new chunks may go to `path` now.
     pub fn path_usable(&self, path: PathId) -> bool {
         self.paths.get(path.0).is_some_and(Path::usable)
+    }
+
+    /// The volume's own counters.
+    pub fn volume_counters(&self) -> &VolumeCounters {
+        &self.counters
     }
 
     pub fn path_count(&self) -> usize {

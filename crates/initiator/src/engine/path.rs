@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use braid_policy::PathView;
 
-use super::stats::{Ewma, Histogram, MinFilter, RateFilter};
+use super::stats::{Ewma, Histogram, MinFilter, RateFilter, RecentLatency};
 
 /// Where a path is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,10 @@ pub(crate) struct Path {
     pub state: PathState,
     pub conns: Vec<ConnSlot>,
     pub counters: PathCounters,
+    /// Latencies of the user's requests (not probes) since the path was
+    /// added, and over the last minute.
     pub latency_hist: Histogram,
+    pub recent_latency: RecentLatency,
     /// Payload bytes per second while busy.
     pub throughput: RateFilter,
     /// Send-to-reply time of each chunk.
@@ -148,6 +151,7 @@ impl Path {
             conns: Vec::new(),
             counters: PathCounters::default(),
             latency_hist: Histogram::default(),
+            recent_latency: RecentLatency::default(),
             throughput: RateFilter::default(),
             service_time: Ewma::default(),
             latency: MinFilter::default(),
@@ -256,7 +260,6 @@ impl Path {
         self.last_progress = now;
         self.last_activity = now;
         let service = now.saturating_sub(sent_at);
-        self.latency_hist.record(service);
         self.service_time.add(service.as_secs_f64(), 0.2);
         // Base latency comes only from chunks sent to an idle path: with
         // others ahead, the service time is mostly queueing, and splitting

@@ -234,9 +234,115 @@ impl Histogram {
     }
 }
 
+/// Latencies of the last minute, in slots of [`RecentLatency::SLOT`], so
+/// `status` shows how a path does now (as `iostat` and `nvme top` do), not
+/// since the volume opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecentLatency {
+    /// (slot number, samples of that slot), oldest first.
+    slots: std::collections::VecDeque<(u64, Histogram)>,
+}
+
+impl RecentLatency {
+    pub const SLOT: Duration = Duration::from_secs(5);
+    const KEPT: u64 = 12;
+
+    pub fn record(&mut self, now: Duration, d: Duration) {
+        let slot = now.as_secs() / Self::SLOT.as_secs();
+        if self.slots.back().is_none_or(|(s, _)| *s != slot) {
+            self.slots.push_back((slot, Histogram::default()));
+        }
+        while self
+            .slots
+            .front()
+            .is_some_and(|(s, _)| slot.saturating_sub(*s) >= Self::KEPT)
+        {
+            self.slots.pop_front();
+        }
+        if let Some((_, h)) = self.slots.back_mut() {
+            h.record(d);
+        }
+    }
+
+    /// Samples of the last `window` (rounded up to whole slots) before
+    /// `now`.
+    pub fn over(&self, now: Duration, window: Duration) -> Histogram {
+        let slot = now.as_secs() / Self::SLOT.as_secs();
+        let slots = window.as_secs().div_ceil(Self::SLOT.as_secs()).max(1);
+        let mut out = Histogram::default();
+        for (s, h) in &self.slots {
+            if slot.saturating_sub(*s) < slots {
+                out.merge(h);
+            }
+        }
+        out
+    }
+}
+
+/// Prometheus bucket edges: powers of two microseconds from 64 µs to about
+/// 67 s. They are edges of [`Histogram`]'s own buckets, so each cumulative
+/// count is exact, and the set never changes, as `histogram_quantile` and
+/// dashboards need.
+pub const PROMETHEUS_EDGES_US: std::ops::RangeInclusive<u32> = 6..=26;
+
+impl Histogram {
+    /// (upper edge in seconds, samples below it) at every power of two of
+    /// [`PROMETHEUS_EDGES_US`], whether or not any sample fell there.
+    pub fn fixed_buckets(&self) -> Vec<(f64, u64)> {
+        PROMETHEUS_EDGES_US
+            .map(|k| {
+                let edge = 1u64 << k;
+                let below: u64 = self
+                    .counts
+                    .iter()
+                    .enumerate()
+                    .take_while(|(i, _)| Self::lower(*i) < edge)
+                    .map(|(_, c)| *c)
+                    .sum();
+                (edge as f64 / 1e6, below)
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_buckets_are_always_the_same_set_and_exact() {
+        let empty = Histogram::default().fixed_buckets();
+        assert_eq!(empty.len(), 21);
+        let mut h = Histogram::default();
+        for us in [10u64, 63, 64, 65, 1000, 1023, 1024, 5_000_000] {
+            h.record(Duration::from_micros(us));
+        }
+        let b = h.fixed_buckets();
+        let edges: Vec<f64> = b.iter().map(|(e, _)| *e).collect();
+        assert_eq!(edges, empty.iter().map(|(e, _)| *e).collect::<Vec<_>>());
+        let at = |us: u64| b.iter().find(|(e, _)| (*e * 1e6).round() as u64 == us).unwrap().1;
+        assert_eq!(at(64), 2, "10 and 63 are below 64 µs");
+        assert_eq!(at(1024), 6);
+        assert_eq!(at(1 << 22), 7);
+        assert_eq!(at(1 << 23), 8);
+        assert!(b.windows(2).all(|w| w[0].1 <= w[1].1));
+    }
+
+    #[test]
+    fn recent_latency_forgets_what_is_older_than_its_window() {
+        let mut r = RecentLatency::default();
+        let s = Duration::from_secs;
+        r.record(s(0), Duration::from_millis(100));
+        r.record(s(30), Duration::from_millis(2));
+        r.record(s(58), Duration::from_millis(1));
+        assert_eq!(r.over(s(59), s(10)).count(), 1);
+        assert_eq!(r.over(s(59), s(60)).count(), 3);
+        r.record(s(70), Duration::from_millis(1));
+        // The sample at 0 s has left the minute.
+        assert_eq!(r.over(s(70), s(60)).count(), 3);
+        assert_eq!(r.over(s(70), s(60)).max(), Duration::from_millis(2));
+        assert_eq!(r.over(s(200), s(60)).count(), 0);
+    }
 
     #[test]
     fn ewma_starts_at_first_sample() {

@@ -230,8 +230,10 @@ fn writes_of_a_failed_path_wait_for_its_fence() {
         conns: vec![100]
     }));
     assert_eq!(h.sent.len(), before, "a write was re-sent before the fence");
+    assert_eq!(h.e.volume_counters().fences, 0);
     h.e.fence_done(h.now, PathId(0));
     h.pump();
+    assert_eq!(h.e.volume_counters().fences, 1);
     assert!(h.sent.len() > before);
     assert!(h.sent[before..].iter().all(|s| s.path.0 == 1));
     // Old cookies on path 0 are stale; answer only the live ones.
@@ -327,6 +329,33 @@ fn no_path_waits_then_fails_with_eio() {
     h.advance(Duration::from_secs(2));
     assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
     assert_eq!(h.done[&r].as_ref().unwrap_err().errno(), Errno::Io);
+    let c = h.e.volume_counters();
+    assert_eq!(
+        (c.errors_returned, c.eio_returned, c.no_path_timeouts),
+        (1, 1, 1),
+        "a no-path timeout is an error, an EIO and a no-path timeout"
+    );
+}
+
+#[test]
+fn volume_counters_count_each_failed_request_once_by_kind() {
+    let mut h = Harness::new("round-robin", 2, EngineConfig::default());
+    for errno in [Errno::NoSpc, Errno::Io] {
+        h.submit(Op::Write, 0, 1 << 20);
+        let sent = std::mem::take(&mut h.sent);
+        assert!(sent.len() > 1, "the write is split over both paths");
+        for s in &sent {
+            // Every chunk fails: still one failed request.
+            h.e.reply(h.now, s.cookie, Err((errno, "no".into())));
+        }
+        h.pump();
+    }
+    h.submit(Op::Read, 0, 4096);
+    h.reply_all(true);
+    let c = h.e.volume_counters();
+    assert_eq!(c.errors_returned, 2);
+    assert_eq!(c.eio_returned, 1);
+    assert_eq!(c.no_path_timeouts, 0);
 }
 
 #[test]

@@ -149,6 +149,7 @@ pub struct PathFigures {
 pub struct VolumeReport {
     pub policy: String,
     pub paths: Vec<PathFigures>,
+    pub counters: crate::engine::VolumeCounters,
     /// Time since the volume was opened.
     pub uptime: Duration,
 }
@@ -489,6 +490,7 @@ impl Volume {
         VolumeReport {
             policy: core.engine.policy_name().to_owned(),
             paths,
+            counters: core.engine.volume_counters().clone(),
             uptime: now,
         }
     }
