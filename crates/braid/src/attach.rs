@@ -206,7 +206,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         let handler = handler(attached.clone(), rates.clone());
         let _control = control::serve(&control_path, handler)?;
         if let Some(addr) = metrics_addr {
-            metrics::serve(addr, attached.clone()).await?;
+            metrics::serve(addr, metrics::attach::AttachCollector(attached.clone())).await?;
             info!("metrics on http://{addr}/metrics");
         }
         let devices = free_nbd_devices(Path::new("/sys/block"), attached.len());
@@ -409,9 +409,13 @@ pub fn volume_status(a: &Attached, rates: &Rates) -> Value {
                 "write_iops": r.writes,
                 "inflight_requests": f.inflight_requests,
                 "inflight_bytes": f.inflight_bytes,
-                "latency_p50_us": f.latency.quantile(0.5).as_micros() as u64,
-                "latency_p99_us": f.latency.quantile(0.99).as_micros() as u64,
-                "latency_p999_us": f.latency.quantile(0.999).as_micros() as u64,
+                // The user's requests over the last 10 s and minute, as
+                // iostat shows them; probes left out.
+                "latency_p50_us": f.latency_10s.quantile(0.5).as_micros() as u64,
+                "latency_p99_us": f.latency_10s.quantile(0.99).as_micros() as u64,
+                "latency_p999_us": f.latency_10s.quantile(0.999).as_micros() as u64,
+                "latency_1m_p50_us": f.latency_1m.quantile(0.5).as_micros() as u64,
+                "latency_1m_p99_us": f.latency_1m.quantile(0.99).as_micros() as u64,
                 "read_bytes": f.counters.read_bytes,
                 "written_bytes": f.counters.written_bytes,
                 "reads": f.counters.reads,

@@ -466,6 +466,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
 
+    /// Serve Prometheus metrics (per export and portal) on
+    /// http://ADDR:PORT/metrics
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
+
     /// Server certificate (PEM); with --tls-key, TLS is required of every
     /// TCP client (nothing is listed or served before STARTTLS)
     #[arg(long, value_name = "FILE", requires = "tls_key")]

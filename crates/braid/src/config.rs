@@ -19,6 +19,7 @@ pub struct ServeFile {
     pub read_only: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
+    pub metrics: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,

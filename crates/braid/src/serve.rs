@@ -33,6 +33,7 @@ struct ServeConfig {
     volume_ids: HashMap<String, Uuid>,
     state_dir: std::path::PathBuf,
     control: std::path::PathBuf,
+    metrics: Option<std::net::SocketAddr>,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -216,7 +217,16 @@ impl ServeConfig {
         } else {
             args.listen
         };
+        let metrics = args
+            .metrics
+            .or(file.metrics)
+            .map(|m| {
+                m.parse()
+                    .map_err(|_| usage(format!("--metrics {m:?}: expected ADDR:PORT")))
+            })
+            .transpose()?;
         Ok(Self {
+            metrics,
             listen,
             default_listen,
             read_only: args.read_only,
@@ -305,6 +315,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
             &cfg.control,
             handler(registry, target.exports(), portals_shown, rates),
         )?;
+        if let Some(addr) = cfg.metrics {
+            let collector = crate::metrics::target::TargetCollector {
+                registry: target.registry(),
+                exports: target.exports(),
+            };
+            crate::metrics::serve(addr, collector).await?;
+            info!("metrics on http://{addr}/metrics");
+        }
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",
             target.exports().iter().count(),

@@ -118,9 +118,10 @@ pub fn render(v: &Value) -> String {
                         format_size(p["inflight_bytes"].as_u64().unwrap_or(0)),
                     ));
                     out.push_str(&format!(
-                        "{cont}   latency p50 {} p99 {}, errors {}, failovers {}, failbacks {}\n",
+                        "{cont}   latency 10 s p50 {} p99 {}, 1 min p99 {}, errors {}, failovers {}, failbacks {}\n",
                         ms(&p["latency_p50_us"]),
                         ms(&p["latency_p99_us"]),
+                        ms(&p["latency_1m_p99_us"]),
                         p["errors"],
                         p["failures"],
                         p["restores"],

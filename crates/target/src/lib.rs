@@ -17,6 +17,7 @@ pub mod portal;
 pub mod registry;
 mod server;
 pub mod source;
+pub mod stats;
 
 pub use conn::{ConnError, Limits};
 pub use export::{Export, Exports, Storage};

@@ -26,6 +26,8 @@ pub struct ConnStats {
     pub others: AtomicU64,
     /// Requests answered with an error.
     pub errors: AtomicU64,
+    /// Time from a FLUSH reaching the backend to its answer.
+    pub flush_latency: crate::stats::LatencyHistogram,
 }
 
 /// One connection as the registry knows it.
@@ -118,6 +120,8 @@ impl Conn {
 pub struct Registry {
     next_id: AtomicU64,
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Figures of connections that have left, for counters that only grow.
+    pub stats: crate::stats::TargetStats,
 }
 
 impl Registry {
@@ -126,6 +130,7 @@ impl Registry {
             // Ids start at 1 so that 0 never names a connection.
             next_id: AtomicU64::new(1),
             conns: Mutex::new(HashMap::new()),
+            stats: Default::default(),
         }
     }
 
@@ -161,7 +166,10 @@ impl Registry {
     }
 
     pub fn remove(&self, id: u64) {
-        self.lock().remove(&id);
+        let gone = self.lock().remove(&id);
+        if let Some(conn) = gone {
+            self.stats.retire(&conn);
+        }
     }
 
     /// A snapshot of the live connections, by id.

@@ -44,9 +44,9 @@ pub use api::{
     Action, ChunkInfo, EngineConfig, Event, IoError, Op, PathId, PathReport, ReqId, SendChunk,
     Submit,
 };
+pub use counters::VolumeCounters;
 use path::Path;
 pub use path::{PathConfig, PathCounters, PathState};
-pub use counters::VolumeCounters;
 pub use stats::{Ewma, Histogram};
 
 /// Bytes per second assumed of a path before any is measured (100 Mbit/s):

@@ -320,7 +320,12 @@ mod tests {
         let b = h.fixed_buckets();
         let edges: Vec<f64> = b.iter().map(|(e, _)| *e).collect();
         assert_eq!(edges, empty.iter().map(|(e, _)| *e).collect::<Vec<_>>());
-        let at = |us: u64| b.iter().find(|(e, _)| (*e * 1e6).round() as u64 == us).unwrap().1;
+        let at = |us: u64| {
+            b.iter()
+                .find(|(e, _)| (*e * 1e6).round() as u64 == us)
+                .unwrap()
+                .1
+        };
         assert_eq!(at(64), 2, "10 and 63 are below 64 µs");
         assert_eq!(at(1024), 6);
         assert_eq!(at(1 << 22), 7);

@@ -542,7 +542,11 @@ impl Reader {
                 let Storage::Local(backend) = &export.storage else {
                     unreachable!("forwarded exports are dispatched above");
                 };
+                let started = std::time::Instant::now();
                 let reply = execute::execute(backend, &style, &req, payload);
+                if req.command == Command::Flush {
+                    conn.stats.flush_latency.record(started.elapsed());
+                }
                 count(&conn, &req, &reply);
                 let _ = tx.send(Outgoing {
                     reply,
