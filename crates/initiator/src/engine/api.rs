@@ -168,6 +168,15 @@ pub struct EngineConfig {
     /// Reconnect backoff: first delay, doubled per failure up to the cap.
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// Attempts made at most `reconnect_max` apart (a link pulled for a
+    /// moment comes back within a fraction of a second; 60 attempts are
+    /// half a minute when the kernel refuses at once, longer when dials
+    /// time out); past them the
+    /// delay doubles again, up to `reconnect_slow_max`, so a portal no
+    /// client can reach (a NIC of another network, a dead host) costs a
+    /// dial a minute, not two a second forever.
+    pub reconnect_fast_attempts: u32,
+    pub reconnect_slow_max: Duration,
 }
 
 impl Default for EngineConfig {
@@ -186,6 +195,8 @@ impl Default for EngineConfig {
             probe_interval: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(500),
+            reconnect_fast_attempts: 60,
+            reconnect_slow_max: Duration::from_secs(60),
         }
     }
 }

@@ -137,13 +137,18 @@ impl Engine {
 
     fn schedule_reconnect(&mut self, path: PathId) {
         let p = &mut self.paths[path.0];
-        let shift = p.attempts.min(16);
+        let cfg = &self.cfg;
+        let after = match p.attempts.checked_sub(cfg.reconnect_fast_attempts) {
+            None => cfg
+                .reconnect_min
+                .saturating_mul(1 << p.attempts.min(16))
+                .min(cfg.reconnect_max),
+            Some(slow) => cfg
+                .reconnect_max
+                .saturating_mul(1 << (slow + 1).min(16))
+                .min(cfg.reconnect_slow_max.max(cfg.reconnect_max)),
+        };
         p.attempts += 1;
-        let after = self
-            .cfg
-            .reconnect_min
-            .saturating_mul(1 << shift)
-            .min(self.cfg.reconnect_max);
         self.actions.push_back(Action::Reconnect { path, after });
     }
 

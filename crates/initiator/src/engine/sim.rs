@@ -99,6 +99,7 @@ impl Sim {
                 probe_interval: Duration::from_millis(500),
                 reconnect_min: Duration::from_millis(50),
                 reconnect_max: Duration::from_millis(400),
+                ..EngineConfig::default()
             },
             by_name(policy, &PolicyOptions::default()).unwrap(),
         );
