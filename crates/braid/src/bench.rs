@@ -23,31 +23,21 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 /// The workload kinds, as fio names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
+    /// Sequential reads
     Read,
+    /// Sequential writes
     Write,
+    /// Random reads
+    #[value(name = "randread")]
     RandRead,
+    /// Random writes
+    #[value(name = "randwrite")]
     RandWrite,
+    /// Random reads and writes (--rwmixread of reads)
+    #[value(name = "randrw")]
     RandRw,
-}
-
-impl std::str::FromStr for Workload {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "read" => Self::Read,
-            "write" => Self::Write,
-            "randread" => Self::RandRead,
-            "randwrite" => Self::RandWrite,
-            "randrw" => Self::RandRw,
-            _ => {
-                return Err(format!(
-                    "--rw {s:?}: use read, write, randread, randwrite or randrw"
-                ))
-            }
-        })
-    }
 }
 
 impl Workload {
@@ -92,7 +82,7 @@ pub struct Outcome {
 }
 
 pub fn plan(args: &BenchArgs) -> Result<Plan> {
-    let rw: Workload = args.rw.parse().map_err(usage)?;
+    let rw = args.rw;
     let bs = parse_size(&args.bs).map_err(|e| usage(format!("--bs {:?}: {e}", args.bs)))?;
     if bs == 0 || bs > 32 << 20 {
         return Err(usage("--bs must be between 1 byte and 32 MiB"));

@@ -370,9 +370,9 @@ pub struct CopyArgs {
 pub struct BenchArgs {
     /// The volume: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH
     pub uri: String,
-    /// Workload: read, write, randread, randwrite, randrw
-    #[arg(long, value_name = "KIND", default_value = "read")]
-    pub rw: String,
+    /// Workload, as fio names it
+    #[arg(long, value_enum, default_value = "read")]
+    pub rw: crate::bench::Workload,
     /// Request size
     #[arg(long, value_name = "SIZE", default_value = "1M")]
     pub bs: String,

@@ -222,3 +222,37 @@ fn attach_notifies_ready_once_its_socket_listens() {
     assert!(ready.contains("1 volume(s) attached"), "{ready:?}");
     std::os::unix::net::UnixStream::connect(&sock).expect("the NBD socket listens at READY=1");
 }
+
+#[test]
+fn bench_help_lists_every_policy_and_workload() {
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_braid")).args(["bench", "--help"]),
+        Duration::from_secs(20),
+    );
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    for name in braid_policy::NAMES {
+        assert!(
+            help.contains(&format!("- {name}:")),
+            "--help lacks policy {name}:\n{help}"
+        );
+    }
+    for rw in ["read", "write", "randread", "randwrite", "randrw"] {
+        assert!(
+            help.contains(&format!("- {rw}:")),
+            "--help lacks workload {rw}"
+        );
+    }
+    // A value that is not one of them is refused by the parser, naming them.
+    let bad = output(
+        Command::new(env!("CARGO_BIN_EXE_braid")).args([
+            "bench",
+            "nbd://127.0.0.1/x",
+            "--policy",
+            "fastest",
+        ]),
+        Duration::from_secs(20),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("service-time"));
+}
