@@ -270,20 +270,21 @@ pub async fn connect_path(
     }
     if let (Some(want), got) = (&expect.identity, &identity) {
         if got.as_ref() != Some(want) {
-            return Err(ConnectError::Other(format!(
-                "portal {} serves volume {} but {} serves volume {want}: they are not the same volume, \
-                 so braid will not use them as paths of one (check --portal and the export name)",
-                path.portal,
-                got.as_deref().unwrap_or("(no braid identity)"),
-                expect.source
-            )));
+            return Err(ConnectError::NotSameVolume {
+                portal: path.portal.to_string(),
+                found: format!("volume {}", got.as_deref().unwrap_or("(no braid identity)")),
+                first: expect.source.clone(),
+                expected: format!("volume {want}"),
+            });
         }
     }
     if details.size != expect.size {
-        return Err(ConnectError::Other(format!(
-            "portal {} serves {:?} of {} bytes but {} serves {} bytes: not the same volume",
-            path.portal, expect.export, details.size, expect.source, expect.size
-        )));
+        return Err(ConnectError::NotSameVolume {
+            portal: path.portal.to_string(),
+            found: format!("{:?} of {} bytes", expect.export, details.size),
+            first: expect.source.clone(),
+            expected: format!("{} bytes", expect.size),
+        });
     }
     let allocation = n
         .outcome

@@ -141,6 +141,18 @@ pub enum ConnectError {
         #[source]
         source: io::Error,
     },
+    /// The portal leads to other data than the first one did: another
+    /// volume identity, or another size.
+    #[error(
+        "portal {portal} serves {found} but {first} serves {expected}: they are not the same \
+         volume, so braid will not use them as paths of one (check --portal and the export name)"
+    )]
+    NotSameVolume {
+        portal: String,
+        found: String,
+        first: String,
+        expected: String,
+    },
     #[error("{0}")]
     Other(String),
 }

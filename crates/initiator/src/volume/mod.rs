@@ -344,7 +344,7 @@ impl Volume {
             ));
         }
         for (i, e) in &failures {
-            if e.to_string().contains("not the same volume") {
+            if matches!(e, ConnectError::NotSameVolume { .. }) {
                 return Err(OpenError::Usage(e.to_string()));
             }
             warn!(
