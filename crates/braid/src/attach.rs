@@ -16,14 +16,13 @@ use braid_target::portal::Portal;
 use braid_target::source::format_size;
 use braid_target::{Export, Exports, Forward, ForwardFuture, Forwarded, Limits, Storage, Target};
 use bytes::Bytes;
-use serde_json::{json, Value};
 use tracing::info;
 
 use crate::cli::{AttachArgs, MultipathArgs, UsageError};
 use crate::config::{self, AttachFile};
 use crate::out::outln;
 use crate::rates::{Counts, Rates};
-use crate::{control, metrics, multipath};
+use crate::{control, ctl, metrics, multipath};
 
 /// One volume to attach.
 struct Spec {
@@ -387,124 +386,126 @@ async fn sample(attached: Arc<Vec<Attached>>, rates: Arc<Mutex<Rates>>) {
 }
 
 /// The status of one attached volume, as `braid status --json` shows it.
-pub fn volume_status(a: &Attached, rates: &Rates) -> Value {
+pub fn volume_status(a: &Attached, rates: &Rates) -> ctl::VolumeStatus {
     let info = a.volume.info();
     let report = a.volume.report();
     let now = Instant::now();
-    let paths: Vec<Value> = report
+    let paths = report
         .paths
         .iter()
         .map(|p| {
             let f = &p.figures;
             let r = rates.rate(&format!("{}/{}", a.name, p.index), counts(p), now);
-            json!({
-                "index": p.index,
-                "local": p.local,
-                "portal": p.portal,
-                "state": f.state.name(),
-                "connections": f.connections,
-                "read_bytes_per_s": r.read_bytes,
-                "write_bytes_per_s": r.written_bytes,
-                "read_iops": r.reads,
-                "write_iops": r.writes,
-                "inflight_requests": f.inflight_requests,
-                "inflight_bytes": f.inflight_bytes,
+            let us =
+                |h: &braid_initiator::engine::Histogram, q: f64| h.quantile(q).as_micros() as u64;
+            ctl::PathStatus {
+                index: p.index,
+                local: p.local.clone(),
+                portal: p.portal.clone(),
+                state: f.state.name().to_owned(),
+                connections: f.connections,
+                read_bytes_per_s: r.read_bytes,
+                write_bytes_per_s: r.written_bytes,
+                read_iops: r.reads,
+                write_iops: r.writes,
+                inflight_requests: f.inflight_requests,
+                inflight_bytes: f.inflight_bytes,
                 // The user's requests over the last 10 s and minute, as
                 // iostat shows them; probes left out.
-                "latency_p50_us": f.latency_10s.quantile(0.5).as_micros() as u64,
-                "latency_p99_us": f.latency_10s.quantile(0.99).as_micros() as u64,
-                "latency_p999_us": f.latency_10s.quantile(0.999).as_micros() as u64,
-                "latency_1m_p50_us": f.latency_1m.quantile(0.5).as_micros() as u64,
-                "latency_1m_p99_us": f.latency_1m.quantile(0.99).as_micros() as u64,
-                "read_bytes": f.counters.read_bytes,
-                "written_bytes": f.counters.written_bytes,
-                "reads": f.counters.reads,
-                "writes": f.counters.writes,
-                "others": f.counters.others,
-                "errors": f.counters.errors,
-                "failures": f.counters.failures,
-                "restores": f.counters.restores,
-                "config": knobs(&f.config),
-                "resent": f.counters.resent,
-            })
+                latency_p50_us: us(&f.latency_10s, 0.5),
+                latency_p99_us: us(&f.latency_10s, 0.99),
+                latency_p999_us: us(&f.latency_10s, 0.999),
+                latency_1m_p50_us: us(&f.latency_1m, 0.5),
+                latency_1m_p99_us: us(&f.latency_1m, 0.99),
+                read_bytes: f.counters.read_bytes,
+                written_bytes: f.counters.written_bytes,
+                reads: f.counters.reads,
+                writes: f.counters.writes,
+                others: f.counters.others,
+                errors: f.counters.errors,
+                failures: f.counters.failures,
+                restores: f.counters.restores,
+                resent: f.counters.resent,
+                config: knobs(&f.config),
+            }
         })
         .collect();
-    json!({
-        "name": a.name,
-        "uri": a.uri,
-        "socket": a.socket.display().to_string(),
-        "identity": info.identity,
-        "size": info.size,
-        "policy": report.policy,
-        "fencing": info.fencing,
-        "paths": paths,
-    })
+    ctl::VolumeStatus {
+        name: a.name.clone(),
+        uri: a.uri.clone(),
+        socket: a.socket.display().to_string(),
+        identity: info.identity.clone(),
+        size: info.size,
+        policy: report.policy,
+        fencing: info.fencing,
+        paths,
+    }
 }
 
 fn handler(attached: Arc<Vec<Attached>>, rates: Arc<Mutex<Rates>>) -> control::Handler {
-    Arc::new(move |req: Value| {
-        let find = |name: &Value| {
-            attached
-                .iter()
-                .find(|a| name.as_str() == Some(a.name.as_str()))
-        };
-        match req["op"].as_str() {
-            Some("status") => {
+    Arc::new(move |req: ctl::Request| {
+        let find = |name: &str| attached.iter().find(|a| a.name == name);
+        let answer = |ack: ctl::Ack| serde_json::to_value(ack).unwrap_or_default();
+        match req {
+            ctl::Request::Status => {
                 let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
-                json!({
-                    "ok": true,
-                    "role": "attach",
-                    "pid": std::process::id(),
-                    "volumes": attached.iter().map(|a| volume_status(a, &rates)).collect::<Vec<_>>(),
-                })
+                let status = ctl::Status::Attach {
+                    ok: true,
+                    pid: std::process::id(),
+                    volumes: attached.iter().map(|a| volume_status(a, &rates)).collect(),
+                };
+                serde_json::to_value(status).unwrap_or_default()
             }
-            Some("policy") => match (find(&req["volume"]), req["policy"].as_str()) {
-                (Some(a), Some(p)) => match a.volume.set_policy(p, &Default::default()) {
+            ctl::Request::Policy { volume, policy } => match find(&volume) {
+                Some(a) => match a.volume.set_policy(&policy, &Default::default()) {
                     Ok(()) => {
-                        info!(volume = %a.name, "policy switched to {p}");
-                        json!({"ok": true})
+                        info!(volume = %a.name, "policy switched to {policy}");
+                        answer(ctl::Ack::ok())
                     }
-                    Err(e) => json!({"ok": false, "error": e.to_string()}),
+                    Err(e) => answer(ctl::Ack::refused(e.to_string())),
                 },
-                _ => json!({"ok": false, "error": "give a volume name and a policy"}),
+                None => answer(ctl::Ack::refused(format!(
+                    "no volume named {volume:?} here"
+                ))),
             },
-            Some("path") => match (
-                find(&req["volume"]),
-                req["path"].as_u64(),
-                req["enable"].as_bool(),
-            ) {
-                (Some(a), Some(n), Some(enable)) => {
-                    match a.volume.set_path_enabled(n as usize, enable) {
+            ctl::Request::Path {
+                volume,
+                path,
+                enable,
+                set,
+            } => {
+                let Some(a) = find(&volume) else {
+                    return answer(ctl::Ack::refused(format!(
+                        "no volume named {volume:?} here"
+                    )));
+                };
+                match (enable, set) {
+                    (Some(enable), None) => match a.volume.set_path_enabled(path, enable) {
                         Ok(()) => {
-                            info!(volume = %a.name, "path {n} {}", if enable { "enabled" } else { "disabled" });
-                            json!({"ok": true})
+                            info!(volume = %a.name, "path {path} {}", if enable { "enabled" } else { "disabled" });
+                            answer(ctl::Ack::ok())
                         }
-                        Err(e) => json!({"ok": false, "error": e}),
-                    }
-                }
-                (Some(a), Some(n), None) if req["set"].is_array() => {
-                    let items: Vec<&str> = req["set"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
-                    match braid_initiator::PathAttrs::parse(items)
-                        .and_then(|attrs| a.volume.set_path_attrs(n as usize, &attrs))
-                    {
-                        Ok(c) => {
-                            info!(volume = %a.name, "path {n} set: {}", knobs(&c));
-                            json!({"ok": true, "config": knobs(&c)})
+                        Err(e) => answer(ctl::Ack::refused(e)),
+                    },
+                    (None, Some(items)) => {
+                        match braid_initiator::PathAttrs::parse(items.iter().map(String::as_str))
+                            .and_then(|attrs| a.volume.set_path_attrs(path, &attrs))
+                        {
+                            Ok(c) => {
+                                info!(volume = %a.name, "path {path} set: {}", knobs(&c));
+                                answer(ctl::Ack {
+                                    config: Some(knobs(&c)),
+                                    ..ctl::Ack::ok()
+                                })
+                            }
+                            Err(e) => answer(ctl::Ack::refused(e)),
                         }
-                        Err(e) => json!({"ok": false, "error": e}),
                     }
+                    _ => answer(ctl::Ack::refused(
+                        "give a path number, and either enable true/false or set [key=value]",
+                    )),
                 }
-                _ => json!({
-                    "ok": false,
-                    "error": "give a volume, a path number, and enable true/false or set [key=value]"
-                }),
-            },
-            _ => json!({"ok": false, "error": "unknown op; use status, policy or path"}),
+            }
         }
     })
 }

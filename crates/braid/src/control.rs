@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
+
+use crate::ctl::{Ack, Request, Status};
 
 /// Where control sockets are kept.
 pub fn dir() -> PathBuf {
@@ -33,8 +36,8 @@ pub fn default_path(role: &str) -> PathBuf {
     dir().join(format!("{role}-{}.sock", std::process::id()))
 }
 
-/// Answers one request.
-pub type Handler = Arc<dyn Fn(Value) -> Value + Send + Sync>;
+/// Answers one request (with a [`crate::ctl`] answer, as JSON).
+pub type Handler = Arc<dyn Fn(Request) -> Value + Send + Sync>;
 
 /// A bound control socket, removed when dropped.
 pub struct ControlSocket {
@@ -91,9 +94,11 @@ async fn answer(stream: UnixStream, handler: Handler) -> std::io::Result<()> {
     let (rd, mut wr) = stream.into_split();
     let mut lines = BufReader::new(rd.take(1 << 20)).lines();
     while let Some(line) = lines.next_line().await? {
-        let reply = match serde_json::from_str::<Value>(&line) {
+        let reply = match serde_json::from_str::<Request>(&line) {
             Ok(req) => handler(req),
-            Err(e) => json!({"ok": false, "error": format!("bad request: {e}")}),
+            Err(e) => {
+                serde_json::to_value(Ack::refused(format!("bad request: {e}"))).unwrap_or_default()
+            }
         };
         let mut out = serde_json::to_vec(&reply).unwrap_or_default();
         out.push(b'\n');
@@ -108,8 +113,9 @@ use tokio::io::AsyncReadExt as _;
 ///
 /// # Errors
 ///
-/// Cannot connect (the process is gone), or the answer is not JSON.
-pub async fn request(path: &Path, req: &Value) -> Result<Value> {
+/// Cannot connect (the process is gone), or the answer is not the
+/// expected one.
+pub async fn request<T: DeserializeOwned>(path: &Path, req: &Request) -> Result<T> {
     let run = async {
         let mut s = UnixStream::connect(path).await?;
         let mut line = serde_json::to_vec(req)?;
@@ -118,7 +124,7 @@ pub async fn request(path: &Path, req: &Value) -> Result<Value> {
         let mut rd = BufReader::new(s);
         let mut answer = String::new();
         rd.read_line(&mut answer).await?;
-        Ok::<Value, anyhow::Error>(serde_json::from_str(&answer)?)
+        Ok::<T, anyhow::Error>(serde_json::from_str(&answer)?)
     };
     tokio::time::timeout(Duration::from_secs(5), run)
         .await
@@ -128,7 +134,7 @@ pub async fn request(path: &Path, req: &Value) -> Result<Value> {
 
 /// Every control socket in the directory that answers; stale ones (of
 /// processes that are gone) are removed.
-pub async fn discover() -> Vec<(PathBuf, Value)> {
+pub async fn discover() -> Vec<(PathBuf, Status)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir()) else {
         return out;
@@ -140,7 +146,7 @@ pub async fn discover() -> Vec<(PathBuf, Value)> {
         .collect();
     paths.sort();
     for p in paths {
-        match request(&p, &json!({"op": "status"})).await {
+        match request::<Status>(&p, &Request::Status).await {
             Ok(v) => out.push((p, v)),
             Err(_) => {
                 if UnixStream::connect(&p).await.is_err() {
@@ -160,9 +166,8 @@ pub async fn discover() -> Vec<(PathBuf, Value)> {
 pub async fn find_volume(volume: &str) -> Result<PathBuf> {
     let mut found = Vec::new();
     for (path, status) in discover().await {
-        let has = status["volumes"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|x| x["name"] == volume));
+        let has = matches!(&status, Status::Attach { volumes, .. }
+            if volumes.iter().any(|v| v.name == volume));
         if has {
             found.push(path);
         }

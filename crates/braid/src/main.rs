@@ -14,6 +14,7 @@ mod cli;
 mod config;
 mod control;
 mod copy;
+mod ctl;
 mod demo;
 mod logging;
 mod manual;

@@ -478,58 +478,57 @@ fn handler(
     portals: Vec<String>,
     rates: Arc<Mutex<Rates>>,
 ) -> control::Handler {
-    use serde_json::json;
-    Arc::new(move |req: serde_json::Value| {
-        if req["op"] != "status" {
-            return json!({"ok": false, "error": "braid serve answers only op status"});
+    use crate::ctl;
+    Arc::new(move |req: ctl::Request| {
+        if req != ctl::Request::Status {
+            let no = ctl::Ack::refused("braid serve answers only op status");
+            return serde_json::to_value(no).unwrap_or_default();
         }
         let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let conns: Vec<_> = registry
+        let connections = registry
             .list()
             .iter()
             .map(|c| {
                 use std::sync::atomic::Ordering::Relaxed;
                 let counts = conn_counts(c);
                 let r = rates.rate(&format!("conn/{}", c.id), counts, now);
-                json!({
-                    "id": c.id,
-                    "peer": c.peer,
-                    "portal": c.portal,
-                    "export": c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-                    "read_bytes_per_s": r.read_bytes,
-                    "write_bytes_per_s": r.written_bytes,
-                    "read_iops": r.reads,
-                    "write_iops": r.writes,
-                    "read_bytes": counts.read_bytes,
-                    "written_bytes": counts.written_bytes,
-                    "reads": counts.reads,
-                    "writes": counts.writes,
-                    "others": c.stats.others.load(Relaxed),
-                    "errors": c.stats.errors.load(Relaxed),
-                    "inflight": c.inflight(),
-                })
+                ctl::ConnStatus {
+                    id: c.id,
+                    peer: c.peer.clone(),
+                    portal: c.portal.clone(),
+                    export: c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                    read_bytes_per_s: r.read_bytes,
+                    write_bytes_per_s: r.written_bytes,
+                    read_iops: r.reads,
+                    write_iops: r.writes,
+                    read_bytes: counts.read_bytes,
+                    written_bytes: counts.written_bytes,
+                    reads: counts.reads,
+                    writes: counts.writes,
+                    others: c.stats.others.load(Relaxed),
+                    errors: c.stats.errors.load(Relaxed),
+                    inflight: c.inflight(),
+                }
             })
             .collect();
-        let exports: Vec<_> = exports
+        let exports = exports
             .iter()
-            .map(|e| {
-                json!({
-                    "name": e.name,
-                    "description": e.description,
-                    "size": e.size(),
-                    "read_only": e.read_only,
-                    "identity": e.volume.to_string(),
-                })
+            .map(|e| ctl::ExportStatus {
+                name: e.name.clone(),
+                description: e.description.clone(),
+                size: e.size(),
+                read_only: e.read_only,
+                identity: e.volume.to_string(),
             })
             .collect();
-        json!({
-            "ok": true,
-            "role": "serve",
-            "pid": std::process::id(),
-            "portals": portals,
-            "exports": exports,
-            "connections": conns,
-        })
+        let status = ctl::Status::Serve {
+            ok: true,
+            pid: std::process::id(),
+            portals: portals.clone(),
+            exports,
+            connections,
+        };
+        serde_json::to_value(status).unwrap_or_default()
     })
 }

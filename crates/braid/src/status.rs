@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use braid_target::source::format_size;
-use serde_json::{json, Value};
 
 use crate::cli::{PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;
+use crate::ctl::{Ack, Processes, Request, Status, VolumeStatus};
 use crate::out::{self, out, outln};
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -18,11 +18,11 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-async fn gather(only: &Option<PathBuf>) -> Result<Vec<(PathBuf, Value)>> {
+async fn gather(only: &Option<PathBuf>) -> Result<Vec<(PathBuf, Status)>> {
     match only {
         Some(p) => Ok(vec![(
             p.clone(),
-            control::request(p, &json!({"op": "status"})).await?,
+            control::request(p, &Request::Status).await?,
         )]),
         None => Ok(control::discover().await),
     }
@@ -34,10 +34,10 @@ pub fn status(args: StatusArgs) -> Result<()> {
         loop {
             let all = gather(&args.control).await?;
             if args.json {
-                let list: Vec<Value> = all.iter().map(|(_, v)| v.clone()).collect();
+                let processes = all.into_iter().map(|(_, s)| s).collect();
                 outln!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({ "processes": list }))?
+                    serde_json::to_string_pretty(&Processes { processes })?
                 );
             } else {
                 if args.watch {
@@ -50,8 +50,8 @@ pub fn status(args: StatusArgs) -> Result<()> {
                         control::dir().display()
                     );
                 }
-                for (_, v) in &all {
-                    out!("{}", render(v));
+                for (_, s) in &all {
+                    out!("{}", render(s));
                 }
             }
             rounds += 1;
@@ -63,119 +63,127 @@ pub fn status(args: StatusArgs) -> Result<()> {
     })
 }
 
-fn mb(v: &Value) -> String {
-    format!("{:.1} MB/s", v.as_f64().unwrap_or(0.0) / 1e6)
+fn mb(bytes_per_s: f64) -> String {
+    format!("{:.1} MB/s", bytes_per_s / 1e6)
 }
 
-fn ms(v: &Value) -> String {
-    format!("{:.2} ms", v.as_f64().unwrap_or(0.0) / 1e3)
+fn ms(us: u64) -> String {
+    format!("{:.2} ms", us as f64 / 1e3)
 }
+
+/// What `attach::knobs` says of a path nobody configured.
+const DEFAULT_KNOBS: &str = "priority=0 weight=0 standby=no relative-throughput=1 repeat-count=0";
 
 /// The topology as a tree, like `multipath -ll`.
-pub fn render(v: &Value) -> String {
+pub fn render(s: &Status) -> String {
     let mut out = String::new();
-    let pid = &v["pid"];
-    match v["role"].as_str() {
-        Some("attach") => {
-            for vol in v["volumes"].as_array().into_iter().flatten() {
-                out.push_str(&format!(
-                    "{} ({}) size {} policy {}\n  identity {}, socket {}, braid attach pid {pid}{}\n",
-                    vol["name"].as_str().unwrap_or("?"),
-                    vol["uri"].as_str().unwrap_or("?"),
-                    format_size(vol["size"].as_u64().unwrap_or(0)),
-                    vol["policy"].as_str().unwrap_or("?"),
-                    vol["identity"].as_str().unwrap_or("unknown (plain NBD server)"),
-                    vol["socket"].as_str().unwrap_or("?"),
-                    if vol["fencing"] == true { "" } else { ", no fencing" },
-                ));
-                let paths = vol["paths"].as_array().cloned().unwrap_or_default();
-                for (i, p) in paths.iter().enumerate() {
-                    let branch = if i + 1 == paths.len() {
-                        "└─"
-                    } else {
-                        "├─"
-                    };
-                    let local = p["local"].as_str().unwrap_or("*");
-                    let route = if local == "*" {
-                        p["portal"].as_str().unwrap_or("?").to_owned()
-                    } else {
-                        format!("{local} → {}", p["portal"].as_str().unwrap_or("?"))
-                    };
-                    out.push_str(&format!(
-                        "{branch} path {} {route} {} ({} conn)\n",
-                        p["index"],
-                        p["state"].as_str().unwrap_or("?"),
-                        p["connections"]
-                    ));
-                    let cont = if i + 1 == paths.len() { "  " } else { "│ " };
-                    out.push_str(&format!(
-                        "{cont}   read {} {:.0} IOPS, write {} {:.0} IOPS, in flight {} / {}\n",
-                        mb(&p["read_bytes_per_s"]),
-                        p["read_iops"].as_f64().unwrap_or(0.0),
-                        mb(&p["write_bytes_per_s"]),
-                        p["write_iops"].as_f64().unwrap_or(0.0),
-                        p["inflight_requests"],
-                        format_size(p["inflight_bytes"].as_u64().unwrap_or(0)),
-                    ));
-                    out.push_str(&format!(
-                        "{cont}   latency 10 s p50 {} p99 {}, 1 min p99 {}, errors {}, failovers {}, failbacks {}\n",
-                        ms(&p["latency_p50_us"]),
-                        ms(&p["latency_p99_us"]),
-                        ms(&p["latency_1m_p99_us"]),
-                        p["errors"],
-                        p["failures"],
-                        p["restores"],
-                    ));
-                    // Knobs only once someone set them: most volumes have none.
-                    if let Some(c) = p["config"].as_str().filter(|c| *c != DEFAULT_KNOBS) {
-                        out.push_str(&format!("{cont}   {c}\n"));
-                    }
-                }
+    match s {
+        Status::Attach { pid, volumes, .. } => {
+            for vol in volumes {
+                render_volume(&mut out, *pid, vol);
             }
         }
-        Some("serve") => {
+        Status::Serve {
+            pid,
+            portals,
+            exports,
+            connections,
+            ..
+        } => {
             out.push_str(&format!("braid serve pid {pid}\n"));
-            for p in v["portals"].as_array().into_iter().flatten() {
-                out.push_str(&format!("  portal {}\n", p.as_str().unwrap_or("?")));
+            for p in portals {
+                out.push_str(&format!("  portal {p}\n"));
             }
-            for e in v["exports"].as_array().into_iter().flatten() {
+            for e in exports {
                 out.push_str(&format!(
                     "  export {} {} volume {}\n",
-                    e["name"].as_str().unwrap_or("?"),
-                    format_size(e["size"].as_u64().unwrap_or(0)),
-                    e["identity"].as_str().unwrap_or("?"),
+                    e.name,
+                    format_size(e.size),
+                    e.identity,
                 ));
             }
-            let conns = v["connections"].as_array().cloned().unwrap_or_default();
-            for (i, c) in conns.iter().enumerate() {
-                let branch = if i + 1 == conns.len() {
+            for (i, c) in connections.iter().enumerate() {
+                let branch = if i + 1 == connections.len() {
                     "└─"
                 } else {
                     "├─"
                 };
                 out.push_str(&format!(
                     "{branch} conn {} {} → {} export {}: read {} write {}, in flight {}, errors {}\n",
-                    c["id"],
-                    c["peer"].as_str().unwrap_or("?"),
-                    c["portal"].as_str().unwrap_or("?"),
-                    c["export"].as_str().unwrap_or("(handshake)"),
-                    mb(&c["read_bytes_per_s"]),
-                    mb(&c["write_bytes_per_s"]),
-                    c["inflight"],
-                    c["errors"],
+                    c.id,
+                    c.peer,
+                    c.portal,
+                    c.export.as_deref().unwrap_or("(handshake)"),
+                    mb(c.read_bytes_per_s),
+                    mb(c.write_bytes_per_s),
+                    c.inflight,
+                    c.errors,
                 ));
             }
         }
-        _ => out.push_str(&format!("{v}\n")),
     }
     out
 }
 
-fn expect_ok(v: Value) -> Result<()> {
-    if v["ok"] == true {
+fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
+    out.push_str(&format!(
+        "{} ({}) size {} policy {}\n  identity {}, socket {}, braid attach pid {pid}{}\n",
+        vol.name,
+        vol.uri,
+        format_size(vol.size),
+        vol.policy,
+        vol.identity
+            .as_deref()
+            .unwrap_or("unknown (plain NBD server)"),
+        vol.socket,
+        if vol.fencing { "" } else { ", no fencing" },
+    ));
+    for (i, p) in vol.paths.iter().enumerate() {
+        let last = i + 1 == vol.paths.len();
+        let (branch, cont) = if last {
+            ("└─", "  ")
+        } else {
+            ("├─", "│ ")
+        };
+        let route = if p.local == "*" {
+            p.portal.clone()
+        } else {
+            format!("{} → {}", p.local, p.portal)
+        };
+        out.push_str(&format!(
+            "{branch} path {} {route} {} ({} conn)\n",
+            p.index, p.state, p.connections
+        ));
+        out.push_str(&format!(
+            "{cont}   read {} {:.0} IOPS, write {} {:.0} IOPS, in flight {} / {}\n",
+            mb(p.read_bytes_per_s),
+            p.read_iops,
+            mb(p.write_bytes_per_s),
+            p.write_iops,
+            p.inflight_requests,
+            format_size(p.inflight_bytes),
+        ));
+        out.push_str(&format!(
+            "{cont}   latency 10 s p50 {} p99 {}, 1 min p99 {}, errors {}, failovers {}, failbacks {}\n",
+            ms(p.latency_p50_us),
+            ms(p.latency_p99_us),
+            ms(p.latency_1m_p99_us),
+            p.errors,
+            p.failures,
+            p.restores,
+        ));
+        // Knobs only once someone set them: most volumes have none.
+        if p.config != DEFAULT_KNOBS {
+            out.push_str(&format!("{cont}   {}\n", p.config));
+        }
+    }
+}
+
+fn expect_ok(a: &Ack) -> Result<()> {
+    if a.ok {
         Ok(())
     } else {
-        bail!("{}", v["error"].as_str().unwrap_or("refused"))
+        bail!("{}", a.error.as_deref().unwrap_or("refused"))
     }
 }
 
@@ -185,54 +193,62 @@ pub fn policy(args: PolicyArgs) -> Result<()> {
             Some(p) => p.clone(),
             None => control::find_volume(&args.volume).await?,
         };
-        let v = control::request(
-            &sock,
-            &json!({"op": "policy", "volume": args.volume, "policy": args.policy.as_str()}),
-        )
-        .await?;
-        expect_ok(v)?;
+        let req = Request::Policy {
+            volume: args.volume.clone(),
+            policy: args.policy.as_str().to_owned(),
+        };
+        let ack: Ack = control::request(&sock, &req).await?;
+        expect_ok(&ack)?;
         outln!("{}: policy {}", args.volume, args.policy);
         Ok(())
     })
 }
 
-/// What `attach::knobs` says of a path nobody configured.
-const DEFAULT_KNOBS: &str = "priority=0 weight=0 standby=no relative-throughput=1 repeat-count=0";
-
 pub fn path(args: PathArgs) -> Result<()> {
     let first = args.action.first().map(String::as_str);
-    let (request, done) = match (first, args.action.len()) {
-        (Some("enable"), 1) => (
-            json!({"op": "path", "volume": args.volume, "path": args.path, "enable": true}),
-            "enabled".to_owned(),
-        ),
+    let (enable, set, done) = match (first, args.action.len()) {
+        (Some("enable"), 1) => (Some(true), None, "enabled"),
         (Some("disable"), 1) => (
-            json!({"op": "path", "volume": args.volume, "path": args.path, "enable": false}),
-            "disabled (requests in flight finish there; new ones go elsewhere)".to_owned(),
+            Some(false),
+            None,
+            "disabled (requests in flight finish there; new ones go elsewhere)",
         ),
         _ => {
             // Checked here too, so a typo is a usage error before anything
             // is asked of the volume.
             braid_initiator::PathAttrs::parse(args.action.iter().map(String::as_str))
                 .map_err(|e| UsageError(format!("{e}; or give enable or disable")))?;
-            (
-                json!({"op": "path", "volume": args.volume, "path": args.path, "set": args.action}),
-                String::new(),
-            )
+            (None, Some(args.action.clone()), "")
         }
+    };
+    let req = Request::Path {
+        volume: args.volume.clone(),
+        path: args.path,
+        enable,
+        set,
     };
     runtime()?.block_on(async {
         let sock = match &args.control {
             Some(p) => p.clone(),
             None => control::find_volume(&args.volume).await?,
         };
-        let v = control::request(&sock, &request).await?;
-        let config = v["config"].as_str().map(str::to_owned);
-        expect_ok(v)?;
-        match config {
+        let ack: Ack = control::request(&sock, &req).await?;
+        expect_ok(&ack)?;
+        match &ack.config {
             Some(c) => outln!("{}: path {} {c}", args.volume, args.path),
             None => outln!("{}: path {} {done}", args.volume, args.path),
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unconfigured_knobs_read_as_the_default() {
+        let c = braid_initiator::engine::PathConfig::default();
+        assert_eq!(crate::attach::knobs(&c), DEFAULT_KNOBS);
+    }
 }

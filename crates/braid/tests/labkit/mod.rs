@@ -3,6 +3,10 @@
 
 #![allow(dead_code)]
 
+// The control socket's types, the very file the binary uses.
+#[path = "../../src/ctl.rs"]
+pub mod ctl;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -192,6 +196,14 @@ impl Attach {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        // The answer must have the shape of braid's own types.
+        let typed: ctl::Processes = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "status --json does not fit crate::ctl: {e}\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
+        assert!(!typed.processes.is_empty());
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
         v["processes"][0]["volumes"][0].clone()
     }

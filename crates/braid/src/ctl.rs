@@ -1,0 +1,168 @@
+//! The control socket's messages, typed: what `braid status`, `braid
+//! policy` and `braid path` ask a running serve or attach, and what it
+//! answers. The same types make `braid status --json`, so its shape is
+//! this file; every struct refuses fields it does not know, and the tests
+//! read real answers through them.
+//!
+//! This module has no dependencies but serde, so tests include it as a
+//! file (`#[path]`) and check the JSON against the very same types.
+
+use serde::{Deserialize, Serialize};
+
+/// One request, one line of JSON.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    Status,
+    Policy {
+        volume: String,
+        policy: String,
+    },
+    /// Exactly one of `enable` and `set`.
+    Path {
+        volume: String,
+        path: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enable: Option<bool>,
+        /// Knobs as `key=value`, as `--path` takes them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        set: Option<Vec<String>>,
+    },
+}
+
+/// The answer to `policy` and `path`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ack {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// A path's knobs after `set`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+}
+
+impl Ack {
+    pub fn ok() -> Self {
+        Self {
+            ok: true,
+            ..Self::default()
+        }
+    }
+
+    pub fn refused(error: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            error: Some(error.into()),
+            config: None,
+        }
+    }
+}
+
+/// The answer to `status`: one process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Status {
+    Attach {
+        ok: bool,
+        pid: u32,
+        volumes: Vec<VolumeStatus>,
+    },
+    Serve {
+        ok: bool,
+        pid: u32,
+        portals: Vec<String>,
+        exports: Vec<ExportStatus>,
+        connections: Vec<ConnStatus>,
+    },
+}
+
+/// `braid status --json`: every process that answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Processes {
+    pub processes: Vec<Status>,
+}
+
+/// One attached volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub uri: String,
+    pub socket: String,
+    /// `x-braid:volume`; `None` from a plain NBD server.
+    pub identity: Option<String>,
+    pub size: u64,
+    pub policy: String,
+    /// The target fences failed paths' connections.
+    pub fencing: bool,
+    pub paths: Vec<PathStatus>,
+}
+
+/// One path of a volume: rates over the last second, latency of the
+/// user's requests over the last 10 s and minute, counters since open.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathStatus {
+    pub index: usize,
+    pub local: String,
+    pub portal: String,
+    pub state: String,
+    pub connections: usize,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub inflight_requests: u32,
+    pub inflight_bytes: u64,
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
+    pub latency_p999_us: u64,
+    pub latency_1m_p50_us: u64,
+    pub latency_1m_p99_us: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub others: u64,
+    pub errors: u64,
+    pub failures: u64,
+    pub restores: u64,
+    pub resent: u64,
+    /// The path's knobs, `priority=0 weight=0 ...`.
+    pub config: String,
+}
+
+/// One export of a serve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportStatus {
+    pub name: String,
+    pub description: String,
+    pub size: u64,
+    pub read_only: bool,
+    pub identity: String,
+}
+
+/// One client connection of a serve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnStatus {
+    pub id: u64,
+    pub peer: String,
+    pub portal: String,
+    /// `None` until the handshake has chosen one.
+    pub export: Option<String>,
+    pub read_bytes_per_s: f64,
+    pub write_bytes_per_s: f64,
+    pub read_iops: f64,
+    pub write_iops: f64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub others: u64,
+    pub errors: u64,
+    pub inflight: usize,
+}
