@@ -1,15 +1,25 @@
 //! Volume identities (`x-braid:volume=<uuid>`): the stable name of an
 //! export's data, like a LUN's WWID.
 //!
-//! An identity is made once per source and kept in `<state dir>/identities`
-//! (one `uuid<TAB>source path` line each, the path with `\`, tab and
-//! newline escaped), so it survives restarts and
-//! follows the data rather than the export name: serving the same file under
-//! another name, or from the same host after a reboot, keeps its identity.
+//! An identity travels with the data, never with the path it is served
+//! by ([`key::DataKey`]): a file keeps it in an extended attribute
+//! (`user.braid.volume`), so renaming the file keeps it and two files whose
+//! names are swapped each keep their own; where the file system keeps no
+//! extended attributes, the state directory keeps it under the file's
+//! device and inode; a block device is known by its own WWID, serial or dm
+//! uuid, so a disk that comes back under another `/dev/sdX` name after a
+//! reboot keeps its identity and a different disk under the old name does
+//! not inherit it. The state directory's `identities` file (one
+//! `uuid<TAB>key` line each, escaped) holds what the data cannot. Lines
+//! of older versions, keyed by the source's path, are moved onto the data
+//! the first time that path is served.
+//!
 //! Memory volumes get a fresh identity each run, as their data does not
 //! survive either. An identity can be set explicitly (`--volume-id`), for
 //! example so that two storage heads in front of the same shared LUN report
 //! one volume.
+
+mod key;
 
 use std::fs;
 use std::io::{self, Write};
@@ -68,28 +78,81 @@ impl IdentityStore {
     ///
     /// # Errors
     ///
-    /// Saving a new identity failed.
+    /// `path` cannot be examined, or saving a new identity failed.
     pub fn identity(&mut self, path: &Path) -> io::Result<Uuid> {
-        let key = canonical_key(path);
-        if let Some((id, _)) = self.entries.iter().find(|(_, k)| *k == key) {
-            return Ok(*id);
+        match key::DataKey::of(path)? {
+            key::DataKey::Xattr(file) => {
+                if let Some(id) = key::get_xattr(&file)? {
+                    return Ok(id);
+                }
+                let (id, moved) = match self.take_by_path(path) {
+                    Some(id) => (id, true),
+                    None => (Uuid::new_v4(), false),
+                };
+                self.keep(path, &file, id)?;
+                if moved {
+                    self.save()?;
+                }
+                Ok(id)
+            }
+            key::DataKey::Store(k) => {
+                if let Some((id, _)) = self.entries.iter().find(|(_, e)| *e == k) {
+                    return Ok(*id);
+                }
+                let id = self.take_by_path(path).unwrap_or_else(Uuid::new_v4);
+                self.entries.push((id, k));
+                self.save()?;
+                Ok(id)
+            }
         }
-        let id = Uuid::new_v4();
-        self.entries.push((id, key));
-        self.save()?;
-        Ok(id)
     }
 
-    /// Records an identity given by the user for `path`.
+    /// Records an identity given by the user for the data at `path`.
     ///
     /// # Errors
     ///
-    /// Saving failed.
+    /// `path` cannot be examined, or saving failed.
     pub fn set(&mut self, path: &Path, id: Uuid) -> io::Result<()> {
-        let key = canonical_key(path);
-        self.entries.retain(|(_, k)| *k != key);
-        self.entries.push((id, key));
-        self.save()
+        let moved = self.take_by_path(path).is_some();
+        match key::DataKey::of(path)? {
+            key::DataKey::Xattr(file) => {
+                self.keep(path, &file, id)?;
+                if moved {
+                    self.save()?;
+                }
+                Ok(())
+            }
+            key::DataKey::Store(k) => {
+                self.entries.retain(|(_, e)| *e != k);
+                self.entries.push((id, k));
+                self.save()
+            }
+        }
+    }
+
+    /// Writes `id` into `file`'s extended attribute, or, where that is
+    /// refused after all (a file we may not label), keeps it by inode.
+    fn keep(&mut self, path: &Path, file: &Path, id: Uuid) -> io::Result<()> {
+        match key::set_xattr(file, id) {
+            Ok(()) => Ok(()),
+            Err(e) if key::unsupported(&e) => {
+                use std::os::unix::fs::MetadataExt;
+                let meta = fs::metadata(path)?;
+                let k = format!("inode:{}:{}", meta.dev(), meta.ino());
+                self.entries.retain(|(_, e)| *e != k);
+                self.entries.push((id, k));
+                self.save()
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes and returns an identity an older braid kept under `path`'s
+    /// canonical name (keys that are absolute paths).
+    fn take_by_path(&mut self, path: &Path) -> Option<Uuid> {
+        let old = canonical_key(path);
+        let at = self.entries.iter().position(|(_, k)| *k == old)?;
+        Some(self.entries.remove(at).0)
     }
 
     pub fn path(&self) -> &Path {
@@ -103,7 +166,8 @@ impl IdentityStore {
         let mut f = fs::File::create(&tmp)?;
         writeln!(
             f,
-            "# braid volume identities: uuid<TAB>source. Keep with the data's host."
+            "# braid volume identities the data cannot keep itself: uuid<TAB>key \
+             (inode:DEV:INO, disk:..., devnum:MAJ:MIN). Keep with the data's host."
         )?;
         for (id, key) in &self.entries {
             writeln!(f, "{id}\t{}", escape(key))?;
