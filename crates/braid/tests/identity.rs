@@ -72,7 +72,11 @@ fn identities_kept_by_path_survive_the_upgrade_and_then_follow_the_data() {
     assert_eq!(identity_of(&state, &a), old);
     let moved = dir.path().join("moved.img");
     std::fs::rename(&a, &moved).unwrap();
-    assert_eq!(identity_of(&state, &moved), old, "the identity moved with the data");
+    assert_eq!(
+        identity_of(&state, &moved),
+        old,
+        "the identity moved with the data"
+    );
 }
 
 /// A ramfs mount: a file system that refuses user extended attributes.

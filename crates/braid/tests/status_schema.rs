@@ -86,7 +86,11 @@ fn serve_and_attach_status_fit_the_typed_schema() {
     .unwrap();
     assert!(ack.ok, "{ack:?}");
     assert!(ack.config.unwrap().contains("weight=2"));
-    for bad in [r#"{"op":"reboot"}"#, r#"{"op":"path","volume":"vol"}"#, "not json"] {
+    for bad in [
+        r#"{"op":"reboot"}"#,
+        r#"{"op":"path","volume":"vol"}"#,
+        "not json",
+    ] {
         let ack: ctl::Ack = serde_json::from_value(ask(&attach.control, bad)).unwrap();
         assert!(
             !ack.ok && ack.error.unwrap().contains("bad request"),

@@ -111,9 +111,11 @@ pub enum Event {
         held: usize,
         queued: usize,
     },
-    /// The held writes of a failed path were re-sent after its fence.
+    /// The held writes of one failure of a path were re-sent after its
+    /// fence.
     Fenced {
         path: PathId,
+        fence: FenceId,
         resent: Vec<(PathId, usize)>,
     },
     PathRestored {
@@ -124,6 +126,11 @@ pub enum Event {
         failed: usize,
     },
 }
+
+/// One fence: the connections of one failure of a path, and the writes
+/// sent on them, which wait for it and for nothing else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FenceId(pub u64);
 
 /// What the driver must do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,9 +145,14 @@ pub enum Action {
         path: PathId,
     },
     /// Ask the target, on a fresh connection, to fence these connection
-    /// ids, then call [`Engine::fence_done`](super::Engine::fence_done).
+    /// ids (one failure of `path`), then call
+    /// [`Engine::fence_done`](super::Engine::fence_done) with `fence`. Keep
+    /// trying while [`Engine::fence_pending`](super::Engine::fence_pending)
+    /// says it is wanted: each failure has its own fence, and a later
+    /// failure of the same path never ends an earlier one's.
     Fence {
         path: PathId,
+        fence: FenceId,
         conns: Vec<u64>,
     },
     /// Try connecting the path again after this delay.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use braid_proto::{CmdFlags, Cookie};
 
 use super::{
-    path, Action, Chunk, Engine, Event, IoError, Op, PathId, PathState, Piece, SendChunk,
-    UNMEASURED_THROUGHPUT,
+    path, Action, Chunk, Engine, Event, FenceId, IoError, Op, PathId, PathState, PendingFence,
+    Piece, SendChunk, UNMEASURED_THROUGHPUT,
 };
 
 impl Engine {
@@ -97,10 +97,23 @@ impl Engine {
             }
         }
         let held = if !writes.is_empty() && fencing && !server_ids.is_empty() {
+            // This failure's own fence: its writes wait for exactly these
+            // connections to be fenced, whatever other failures of the
+            // same path (before or after) are still being fenced.
             let n = writes.len();
-            self.fence_hold[path.0].extend(writes);
+            let fence = FenceId(self.next_fence);
+            self.next_fence += 1;
+            self.fences.insert(
+                fence,
+                PendingFence {
+                    path,
+                    held: writes,
+                    unsettled: Vec::new(),
+                },
+            );
             self.actions.push_back(Action::Fence {
                 path,
+                fence,
                 conns: server_ids,
             });
             n
@@ -152,19 +165,25 @@ impl Engine {
         self.actions.push_back(Action::Reconnect { path, after });
     }
 
-    /// The fence asked by [`Action::Fence`] completed: the held writes of
-    /// `path` are re-sent.
-    pub fn fence_done(&mut self, now: Duration, path: PathId) {
+    /// The fence asked by [`Action::Fence`] completed: the writes it held
+    /// (and only those) are re-sent. A fence confirmed twice, or unknown,
+    /// changes nothing.
+    pub fn fence_done(&mut self, now: Duration, fence: FenceId) {
+        let Some(PendingFence { path, held, .. }) = self.fences.remove(&fence) else {
+            return;
+        };
         self.counters.fences += 1;
-        let held = std::mem::take(&mut self.fence_hold[path.0]);
         let mut resent = Vec::new();
         for piece in held {
             if let Some(to) = self.dispatch(now, piece) {
                 count_into(&mut resent, to);
             }
         }
-        self.actions
-            .push_back(Action::Event(Event::Fenced { path, resent }));
+        self.actions.push_back(Action::Event(Event::Fenced {
+            path,
+            fence,
+            resent,
+        }));
     }
 
     /// Time passes: detects paths that stopped answering, probes idle
@@ -266,14 +285,21 @@ impl Engine {
             }
             keep
         });
-        for hold in &mut self.fence_hold {
-            hold.retain(|p| {
+        for f in self.fences.values_mut() {
+            let mut gone = Vec::new();
+            f.held.retain(|p| {
                 let keep = now.saturating_sub(p.since) < limit;
                 if !keep {
-                    expired.push(p.clone());
+                    gone.push(p.clone());
                 }
                 keep
             });
+            for p in &gone {
+                if p.op.is_write() {
+                    f.unsettled.push((p.offset, u64::from(p.len)));
+                }
+            }
+            expired.extend(gone);
         }
         if expired.is_empty() {
             return;

@@ -34,15 +34,15 @@ pub mod stats;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use braid_policy::{PathView, Policy, Request as PolicyRequest};
 use braid_proto::{CmdFlags, Cookie, Errno};
 
 pub use api::{
-    Action, ChunkInfo, EngineConfig, Event, IoError, Op, PathId, PathReport, ReqId, SendChunk,
-    Submit,
+    Action, ChunkInfo, EngineConfig, Event, FenceId, IoError, Op, PathId, PathReport, ReqId,
+    SendChunk, Submit,
 };
 pub use counters::VolumeCounters;
 use path::Path;
@@ -74,6 +74,27 @@ const NONDATA_PIECE: u64 = 1 << 30;
 /// of a 469 MB/s limit, 2 × 1gbit 221-225 -> 232-234 of 235; queue
 /// depth 16 unchanged (paths busy with the next requests hide it anyway).
 const WRITE_PIECE: u64 = 64 * 1024;
+
+/// A fence asked for: which path failed, and the writes it holds.
+#[derive(Debug)]
+struct PendingFence {
+    path: PathId,
+    held: Vec<Piece>,
+    /// Ranges of held writes that failed (no path in time) before the
+    /// fence was confirmed: a stale copy of them may still land, so a
+    /// newer write to an overlapping range waits for this fence too, lest
+    /// the stale copy land on top of it.
+    unsettled: Vec<(u64, u64)>,
+}
+
+impl PendingFence {
+    fn overlaps(&self, offset: u64, len: u64) -> bool {
+        let end = offset.saturating_add(len.max(1));
+        self.unsettled
+            .iter()
+            .any(|&(o, l)| o < end && offset < o.saturating_add(l.max(1)))
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Piece {
@@ -142,8 +163,10 @@ pub struct Engine {
     /// READs and WRITEs the policy holds until replies tell it more
     /// (see `Policy::hold`), in submission order, with when each came.
     held: VecDeque<(ReqId, Submit, Duration)>,
-    /// Per path: writes waiting for that path's fence.
-    fence_hold: Vec<Vec<Piece>>,
+    /// Fences asked for and not confirmed, each with the writes it covers
+    /// (sent on the connections it names).
+    fences: BTreeMap<FenceId, PendingFence>,
+    next_fence: u64,
     actions: VecDeque<Action>,
     views: Vec<PathView>,
     counters: VolumeCounters,
@@ -164,7 +187,8 @@ impl Engine {
             held_flushes: Vec::new(),
             waiting: VecDeque::new(),
             held: VecDeque::new(),
-            fence_hold: Vec::new(),
+            fences: BTreeMap::new(),
+            next_fence: 1,
             actions: VecDeque::new(),
             counters: VolumeCounters::default(),
             views: Vec::new(),
@@ -179,7 +203,6 @@ impl Engine {
     /// calls [`Self::path_up`].
     pub fn add_path(&mut self, config: PathConfig, now: Duration) -> PathId {
         self.paths.push(Path::new(config, now));
-        self.fence_hold.push(Vec::new());
         PathId(self.paths.len() - 1)
     }
 
@@ -428,6 +451,17 @@ impl Engine {
     }
 
     fn send(&mut self, now: Duration, piece: Piece, path: usize) {
+        if piece.op.is_write() {
+            let len = u64::from(piece.len);
+            if let Some(f) = self
+                .fences
+                .values_mut()
+                .find(|f| f.overlaps(piece.offset, len))
+            {
+                f.held.push(piece);
+                return;
+            }
+        }
         let Some(conn) = self.paths[path].pick_conn() else {
             self.waiting.push_back(piece);
             return;
@@ -505,9 +539,11 @@ impl Engine {
         }
     }
 
-    /// Whether writes of `path` still wait for its fence.
-    pub fn fence_pending(&self, path: PathId) -> bool {
-        self.fence_hold.get(path.0).is_some_and(|h| !h.is_empty())
+    /// Whether `fence` is still wanted: it has not been confirmed. It
+    /// stays wanted even when the writes it held have timed out, since
+    /// until it is confirmed a stale copy of them may still land.
+    pub fn fence_pending(&self, fence: FenceId) -> bool {
+        self.fences.contains_key(&fence)
     }
 
     /// Whether new chunks may go to `path` now.

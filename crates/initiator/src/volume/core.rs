@@ -128,8 +128,8 @@ impl Core {
                     self.received
                         .retain(|k, _| engine.chunk(Cookie(*k)).is_some());
                 }
-                Action::Fence { path, conns } if !shared.closed() => {
-                    tokio::spawn(recover::fence(shared.clone(), path, conns));
+                Action::Fence { path, fence, conns } if !shared.closed() => {
+                    tokio::spawn(recover::fence(shared.clone(), path, fence, conns));
                 }
                 Action::Fence { .. } => {}
                 Action::Reconnect { path, after } if !shared.closed() => {
@@ -201,9 +201,14 @@ impl Core {
                     );
                 }
             }
-            Event::Fenced { path, resent } => {
+            Event::Fenced {
+                path,
+                fence,
+                resent,
+            } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
                 info!(
+                    fence = fence.0,
                     "{} fenced by the target; {n} writes re-sent",
                     name(&self.paths, path)
                 );

@@ -11,7 +11,7 @@ use tracing::{debug, info};
 
 use crate::conn::{self, ConnectError};
 use crate::discover;
-use crate::engine::PathId;
+use crate::engine::{FenceId, PathId};
 
 use super::core::{ConnSink, Shared};
 
@@ -147,16 +147,17 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
     core.act(shared);
 }
 
-/// Asks the target to fence `conns` (a failed path's connections), over a
-/// fresh connection on any path, until it succeeds or the engine stops
-/// waiting for it.
-pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
+/// Asks the target to fence `conns` (the connections of one failure of
+/// `path`), over a fresh connection on any path, until it succeeds or the
+/// engine no longer wants `fence`. Each failure runs its own: a newer
+/// failure of the same path neither ends nor completes this one.
+pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<u64>) {
     let query = BraidContext::Fence(conns.clone()).name();
     let mut delay = Duration::from_millis(50);
     loop {
         let candidates = {
             let core = shared.lock();
-            if shared.closed() || !core.engine.fence_pending(path) {
+            if shared.closed() || !core.engine.fence_pending(fence) {
                 return;
             }
             // Paths that work now first; the failed one last.
@@ -175,9 +176,9 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, conns: Vec<u64>) {
         for (_, spec) in candidates {
             match fence_via(&shared, &spec, &query).await {
                 Ok(()) => {
-                    info!(path = path.0 + 1, ?conns, via = %spec, "target fenced the failed connections");
+                    info!(path = path.0 + 1, fence = fence.0, ?conns, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
-                    core.engine.fence_done(shared.now(), path);
+                    core.engine.fence_done(shared.now(), fence);
                     core.act(&shared);
                     return;
                 }
