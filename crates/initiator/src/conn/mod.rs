@@ -55,6 +55,13 @@ impl Stream for tokio_rustls::client::TlsStream<Box<dyn Stream>> {
 pub struct Wire {
     pub bytes: u64,
     pub min_rtt: Option<Duration>,
+    /// The kernel is waiting on the peer: data it sent is being
+    /// retransmitted (an RTO fired), or a probe of a closed receive window
+    /// went unanswered.
+    /// A peer whose disk is slow still acknowledges everything, and
+    /// answers window probes when its buffers are full; a dead link or
+    /// host does neither.
+    pub stalled: bool,
 }
 
 /// Reads `TCP_INFO` of a socket.
@@ -83,6 +90,10 @@ fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
     Some(Wire {
         bytes: info.tcpi_bytes_acked + info.tcpi_bytes_received,
         min_rtt,
+        // One window probe is normally out while a full peer keeps its
+        // window closed (each answer resets the count, the next probe
+        // raises it to 1 again); two mean one went unanswered.
+        stalled: info.tcpi_retransmits > 0 || info.tcpi_probes > 1,
     })
 }
 

@@ -177,6 +177,12 @@ pub struct EngineConfig {
     pub no_path_timeout: Option<Duration>,
     /// An idle path is probed this often.
     pub probe_interval: Duration,
+    /// How long a busy path whose connection still answers (the peer
+    /// acknowledges bytes) may go without a reply: four times the slowest
+    /// reply it has given, within these bounds. A busy disk's 2 s write or
+    /// a long FLUSH is slow, not dead.
+    pub slow_reply_min: Duration,
+    pub slow_reply_max: Duration,
     /// Reconnect backoff: first delay, doubled per failure up to the cap.
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
@@ -208,6 +214,8 @@ impl Default for EngineConfig {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(500),
             reconnect_fast_attempts: 60,
+            slow_reply_min: Duration::from_secs(30),
+            slow_reply_max: Duration::from_secs(120),
             reconnect_slow_max: Duration::from_secs(60),
         }
     }

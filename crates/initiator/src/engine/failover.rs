@@ -220,11 +220,7 @@ impl Engine {
                     self.cfg.timeout_floor,
                     self.cfg.timeout_ceiling,
                 );
-                let silent = now.saturating_sub(p.last_progress);
-                if silent > limit {
-                    let reason = format!("no reply in {:.1} s", silent.as_secs_f64());
-                    self.path_failed(now, PathId(i), &reason);
-                }
+                self.judge_busy_path(now, i, limit);
             } else if p.enabled
                 && now.saturating_sub(p.last_activity) >= self.cfg.probe_interval
                 && self.cfg.size > 0
@@ -234,6 +230,51 @@ impl Engine {
         }
         self.expire(now);
         self.release_held(now);
+    }
+
+    /// A busy path whose replies are `limit` late is dead only if its
+    /// connection does not answer either (see `liveness.rs`): half way to
+    /// the limit a probe goes out; at the limit, bytes the peer has
+    /// acknowledged since (or the probe's reply) show it alive and it is
+    /// waited for, up to its patience; silence fails it.
+    fn judge_busy_path(&mut self, now: Duration, i: usize, limit: Duration) {
+        let p = &self.paths[i];
+        let quiet = now.saturating_sub(p.liveness.quiet_since(p.last_progress));
+        let oldest = self
+            .chunks
+            .values()
+            .filter(|c| c.path == i && c.piece.is_some())
+            .map(|c| c.sent_at)
+            .min();
+        let waited = oldest.map_or(Duration::ZERO, |t| now.saturating_sub(t));
+        let patience = p
+            .liveness
+            .patience(self.cfg.slow_reply_min, self.cfg.slow_reply_max);
+        if waited > patience.max(limit) {
+            let reason = format!(
+                "no reply in {:.1} s, though its connection answers (slower than anything it \
+                 has done: patience {:.0} s)",
+                waited.as_secs_f64(),
+                patience.as_secs_f64()
+            );
+            self.path_failed(now, PathId(i), &reason);
+            return;
+        }
+        if quiet > limit / 2 && !p.liveness.probe_out() {
+            self.probe(now, i);
+            self.paths[i].liveness.probe_sent(now);
+            return;
+        }
+        if quiet > limit {
+            if self.paths[i].liveness.answered(now) {
+                return;
+            }
+            let reason = format!(
+                "no reply in {:.1} s, and its connection does not answer",
+                quiet.as_secs_f64()
+            );
+            self.path_failed(now, PathId(i), &reason);
+        }
     }
 
     fn probe(&mut self, now: Duration, path: usize) {

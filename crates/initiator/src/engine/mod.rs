@@ -27,6 +27,7 @@ mod api;
 mod counters;
 mod failover;
 mod held;
+mod liveness;
 pub mod path;
 #[cfg(test)]
 mod sim;
@@ -387,10 +388,21 @@ impl Engine {
         }
     }
 
-    /// The kernel's figures of a path's connections (see `Path::wire`).
-    pub fn wire(&mut self, now: Duration, path: PathId, bytes: u64, min_rtt: Option<Duration>) {
+    /// The kernel's figures of a path's connections (see `Path::wire`):
+    /// bytes delivered, the smallest round trip, and whether the kernel is
+    /// waiting on the peer (retransmitting, or probing a closed window
+    /// without answer).
+    pub fn wire(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        bytes: u64,
+        min_rtt: Option<Duration>,
+        stalled: bool,
+    ) {
         if let Some(p) = self.paths.get_mut(path.0) {
             p.wire(now, bytes, min_rtt);
+            p.liveness.stalled(stalled);
         }
         self.release_held(now);
     }

@@ -119,6 +119,8 @@ pub(crate) struct Path {
     pub fencing: bool,
     /// The user has not disabled the path for maintenance.
     pub enabled: bool,
+    /// Evidence that the path is alive while its replies are late.
+    pub liveness: super::liveness::Liveness,
 }
 
 /// Throughput is sampled over at least this much busy time, so one small
@@ -167,6 +169,7 @@ impl Path {
             attempts: 0,
             fencing: false,
             enabled: true,
+            liveness: Default::default(),
         }
     }
 
@@ -260,6 +263,7 @@ impl Path {
         self.last_progress = now;
         self.last_activity = now;
         let service = now.saturating_sub(sent_at);
+        self.liveness.replied(service);
         self.service_time.add(service.as_secs_f64(), 0.2);
         // Base latency comes only from chunks sent to an idle path: with
         // others ahead, the service time is mostly queueing, and splitting
@@ -302,6 +306,7 @@ impl Path {
     /// intervals in which the path was kept full throughout, which this
     /// process's scheduling cannot distort.
     pub fn wire(&mut self, now: Duration, bytes: u64, min_rtt: Option<Duration>) {
+        self.liveness.wire(now, bytes);
         if let Some(rtt) = min_rtt {
             self.latency.add(now, rtt.as_secs_f64());
         }
@@ -355,5 +360,6 @@ impl Path {
         self.sample_bytes = 0;
         self.sample_busy = Duration::ZERO;
         self.wire_last = None;
+        self.liveness.reset();
     }
 }

@@ -27,9 +27,14 @@ const BLOCKS: u64 = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Link {
     Up,
-    /// Every packet dropped: nothing arrives, nothing comes back.
+    /// Every packet dropped: nothing gets through, but, as with TCP, what
+    /// was sent on a connection is sent again and arrives once the link
+    /// heals, unless the connection was closed meanwhile.
     Blackhole,
 }
+
+/// How often a blackholed message is tried again.
+const RETRANSMIT: Duration = Duration::from_millis(50);
 
 /// A request as it travels: sent on (path, conn, target connection id).
 #[derive(Clone, Debug)]
@@ -79,6 +84,10 @@ struct Sim {
     conn_ids: Vec<u64>,
     next_conn: u64,
     fenced: HashSet<u64>,
+    /// Target connection ids the initiator has closed: what was still on
+    /// the way on them is never delivered (requests already at the target
+    /// may still run: that is what fencing is for).
+    closed: HashSet<u64>,
     /// Target store: block → version.
     store: HashMap<u64, u64>,
     events: BTreeMap<(Duration, u64), Ev>,
@@ -133,6 +142,7 @@ impl Sim {
             next_conn: paths as u64 + 1,
             conn_ids,
             fenced: HashSet::new(),
+            closed: HashSet::new(),
             store: HashMap::new(),
             events: BTreeMap::new(),
             seq: 0,
@@ -208,7 +218,9 @@ impl Sim {
                         self.check_read(req, block, submitted);
                     }
                 }
-                Action::Close { .. } => {}
+                Action::Close { path } => {
+                    self.closed.insert(self.conn_ids[path.0]);
+                }
                 Action::Fence { fence, conns, .. } => {
                     let task = FenceTask { fence, conns };
                     self.at(Duration::ZERO, Ev::FenceTry(task));
@@ -288,8 +300,12 @@ impl Sim {
     fn handle(&mut self, ev: Ev) {
         match ev {
             Ev::Arrive(f) => {
+                if self.closed.contains(&f.server_conn) {
+                    return; // the initiator gave the connection up
+                }
                 if self.links[f.path] != Link::Up {
-                    return; // lost on the way
+                    self.at(RETRANSMIT, Ev::Arrive(f));
+                    return;
                 }
                 // Service time; now and then a long stall (a held write).
                 let service = if self.rng.gen_ratio(1, 20) {
@@ -336,7 +352,11 @@ impl Sim {
                 self.at(l, Ev::Reply(f, value));
             }
             Ev::Reply(f, value) => {
+                if self.closed.contains(&f.server_conn) {
+                    return;
+                }
                 if self.links[f.path] != Link::Up {
+                    self.at(RETRANSMIT, Ev::Reply(f, value));
                     return;
                 }
                 if let (Some(v), Some(info)) = (value, self.engine.chunk(f.cookie)) {
@@ -509,11 +529,11 @@ impl Sim {
 /// their own fence. With one list of held writes per path, the first
 /// fence's completion re-sent the second failure's writes while their
 /// connection still held copies, and one landed after its retry had been
-/// acknowledged (seeds 2, 7 and 11 show it: "stale write of version 67 landed
-/// on block 2 after its request completed").
+/// acknowledged (seeds 11, 15 and 20 show it, e.g. "stale write of version
+/// 195 landed on block 10 after its request completed").
 #[test]
 fn fence_of_first_failure_does_not_release_second_failures_writes() {
-    for seed in [2u64, 7, 11] {
+    for seed in [11u64, 15, 20] {
         let mut sim = Sim::new(seed, 4, "least-queue-depth");
         sim.run(3000);
         assert!(

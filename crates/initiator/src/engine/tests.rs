@@ -616,3 +616,51 @@ fn a_newer_write_waits_for_the_fence_of_an_older_write_that_timed_out() {
     assert_eq!(h.done[&newer], Ok(()));
     assert_eq!(h.done[&elsewhere], Ok(()));
 }
+
+/// A busy path with a late reply: the kernel says whether its peer still
+/// answers, and that decides between waiting (a slow disk) and failing it
+/// (a dead link), where the reply's lateness alone used to fail both.
+fn late_reply_with_kernel(stalled: bool) -> Harness {
+    let cfg = EngineConfig {
+        timeout_floor: Duration::from_millis(300),
+        timeout_ceiling: Duration::from_secs(2),
+        slow_reply_min: Duration::from_secs(10),
+        slow_reply_max: Duration::from_secs(20),
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("round-robin", 1, cfg);
+    h.submit(Op::Flush, 0, 0);
+    for _ in 0..20 {
+        // No byte moves (a full peer, or a dead one): the kernel decides.
+        h.e.wire(h.now, PathId(0), 1000, None, stalled);
+        h.advance(Duration::from_millis(100));
+    }
+    h
+}
+
+#[test]
+fn a_slow_reply_on_a_live_connection_is_waited_for() {
+    let mut h = late_reply_with_kernel(false);
+    assert_eq!(h.e.path_state(PathId(0)), PathState::Active, "2 s is slow, not dead");
+    assert!(h.sent.iter().any(|s| s.req.is_none()), "a liveness probe went out");
+    // Past its patience (10 s here) even a live connection is given up.
+    for _ in 0..100 {
+        h.e.wire(h.now, PathId(0), 2000, None, false);
+        h.advance(Duration::from_millis(100));
+    }
+    assert_eq!(h.e.path_state(PathId(0)), PathState::Failed);
+    assert!(h.log.iter().any(|a| matches!(
+        a,
+        Action::Event(Event::PathFailed { reason, .. }) if reason.contains("connection answers")
+    )));
+}
+
+#[test]
+fn a_late_reply_on_a_connection_the_peer_no_longer_answers_fails_the_path() {
+    let h = late_reply_with_kernel(true);
+    assert_eq!(h.e.path_state(PathId(0)), PathState::Failed);
+    assert!(h.log.iter().any(|a| matches!(
+        a,
+        Action::Event(Event::PathFailed { reason, .. }) if reason.contains("does not answer")
+    )));
+}

@@ -559,7 +559,8 @@ async fn tick(shared: std::sync::Weak<Shared>) {
             if !wires.is_empty() {
                 let bytes = wires.iter().map(|w| w.bytes).sum();
                 let min_rtt = wires.iter().filter_map(|w| w.min_rtt).min();
-                core.engine.wire(now, PathId(i), bytes, min_rtt);
+                let stalled = wires.iter().any(|w| w.stalled);
+                core.engine.wire(now, PathId(i), bytes, min_rtt, stalled);
             }
         }
         core.engine.tick(now);

@@ -1,0 +1,153 @@
+//! Whether a busy path is dead or only slow.
+//!
+//! A reply that is late proves nothing by itself: a busy disk takes two
+//! seconds for a write or a FLUSH, while a blackholed link never answers.
+//! What tells them apart is the connection: when the replies stop coming,
+//! the engine sends a small probe; if the kernel then sees the peer
+//! acknowledge bytes (its TCP stack, so its host and link, live), or the
+//! probe's own reply comes back, the path is slow and is waited for, up to
+//! a limit learned from the slowest reply it has given (never less than
+//! [`super::EngineConfig::slow_reply_min`], never more than
+//! [`super::EngineConfig::slow_reply_max`]); if nothing answers, it is
+//! failed as before. This module keeps the evidence; the engine's clock
+//! (`failover.rs`) decides.
+
+use std::time::Duration;
+
+/// One path's evidence of life.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Liveness {
+    /// The kernel's byte count for the path at the last sample, and when
+    /// it last grew.
+    wire_bytes: u64,
+    wire_grew: Option<Duration>,
+    /// A liveness probe is out, sent at this time.
+    probe_sent: Option<Duration>,
+    /// When the connection last proved alive while replies were late.
+    alive_at: Option<Duration>,
+    /// The slowest reply this path has given.
+    slowest: Duration,
+    /// Whether the kernel is waiting on the peer; `None` without the
+    /// kernel's figures (a unix socket).
+    stalled: Option<bool>,
+}
+
+impl Liveness {
+    /// The kernel's cumulative bytes (acknowledged by the peer, and
+    /// received from it) for the path's connections.
+    pub fn wire(&mut self, now: Duration, bytes: u64) {
+        if bytes > self.wire_bytes {
+            self.wire_grew = Some(now);
+        }
+        self.wire_bytes = bytes;
+    }
+
+    /// The kernel's word: it is (or is not) waiting on the peer.
+    pub fn stalled(&mut self, stalled: bool) {
+        self.stalled = Some(stalled);
+    }
+
+    /// A reply came, after `service` on the path.
+    pub fn replied(&mut self, service: Duration) {
+        self.slowest = self.slowest.max(service);
+        self.probe_sent = None;
+        self.alive_at = None;
+    }
+
+    /// Forgets everything but what the path has shown it takes (for a
+    /// path whose connections are new).
+    pub fn reset(&mut self) {
+        *self = Self {
+            slowest: self.slowest,
+            ..Self::default()
+        };
+    }
+
+    /// Since when the path has shown no sign of life: its last reply, or
+    /// the last time the connection proved alive.
+    pub fn quiet_since(&self, last_progress: Duration) -> Duration {
+        self.alive_at
+            .map_or(last_progress, |a| a.max(last_progress))
+    }
+
+    pub fn probe_out(&self) -> bool {
+        self.probe_sent.is_some()
+    }
+
+    pub fn probe_sent(&mut self, now: Duration) {
+        self.probe_sent = Some(now);
+    }
+
+    /// Whether the connection answered the probe: bytes moved after it was
+    /// sent, or the kernel has nothing the peer left unanswered (a peer
+    /// whose buffers are full of slow writes cannot take the probe's bytes,
+    /// but answers the kernel's window probes). The probe's own reply is
+    /// seen by the caller as progress. If answered, the path counts as
+    /// alive from `now`.
+    pub fn answered(&mut self, now: Duration) -> bool {
+        let moved = matches!(
+            (self.probe_sent, self.wire_grew),
+            (Some(sent), Some(grew)) if grew > sent
+        );
+        let yes = self.probe_sent.is_some() && (moved || self.stalled == Some(false));
+        if yes {
+            self.alive_at = Some(now);
+            self.probe_sent = None;
+        }
+        yes
+    }
+
+    /// How long a reply may take on a path whose connection lives: four
+    /// times the slowest it has given, within `[min, max]`.
+    pub fn patience(&self, min: Duration, max: Duration) -> Duration {
+        (self.slowest * 4).clamp(min, max.max(min))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_probe_counts_as_answered_only_by_bytes_after_it() {
+        let mut l = Liveness::default();
+        l.wire(MS(100), 5000);
+        l.probe_sent(MS(200));
+        l.wire(MS(250), 5000);
+        assert!(!l.answered(MS(250)), "no byte moved since the probe");
+        l.wire(MS(300), 5028);
+        assert!(l.answered(MS(300)));
+        assert!(!l.probe_out());
+        assert_eq!(l.quiet_since(MS(50)), MS(300));
+    }
+
+    #[test]
+    fn a_peer_that_answers_the_kernel_is_alive_and_one_that_does_not_is_not() {
+        let mut l = Liveness::default();
+        l.probe_sent(MS(200));
+        assert!(
+            !l.answered(MS(500)),
+            "without the kernel's word, only bytes count"
+        );
+        l.stalled(true);
+        assert!(!l.answered(MS(500)), "retransmitting: the peer is silent");
+        l.stalled(false);
+        assert!(l.answered(MS(500)), "nothing unanswered: a full, slow peer");
+        assert!(!l.answered(MS(600)), "no probe out, nothing to answer");
+    }
+
+    #[test]
+    fn patience_grows_with_the_slowest_reply_within_bounds() {
+        let mut l = Liveness::default();
+        assert_eq!(l.patience(S(30), S(120)), S(30));
+        l.replied(S(20));
+        assert_eq!(l.patience(S(30), S(120)), S(80));
+        l.replied(S(50));
+        assert_eq!(l.patience(S(30), S(120)), S(120));
+        l.reset();
+        assert_eq!(l.patience(S(30), S(120)), S(120), "what it takes is kept");
+    }
+}
