@@ -160,11 +160,7 @@ fn serve_notifies_ready_once_its_portal_listens_and_stopping_on_sigterm() {
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     // A fixed port, picked free now, so the test can connect at READY
     // without reading braid's log first.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let state = dir.path().join("state");
     let mut serve = braid_notifying(
         &notify_path,

@@ -12,17 +12,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use common::{cmd, random_file, run, tool, Serve};
+use common::{cmd, free_port, random_file, run, tool, Serve};
 use labkit::Attach;
-
-/// A free loopback port for a metrics listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// GET /metrics, bounded in time; the body.
 fn scrape(port: u16) -> String {

@@ -11,17 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_lab::{Cut, Lab, LabConfig, Rate, Side};
-use common::{random_file, tool, ChildGuard};
+use common::{free_port, random_file, tool, ChildGuard};
 use labkit::braid_bin;
-
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// nbdkit serving `file` on `port` (every loopback address), with each
 /// write delayed two seconds when `slow`.

@@ -499,3 +499,13 @@ pub fn sha256(path: &Path) -> String {
 pub fn sha256_bytes(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
+
+/// A TCP port free on loopback now (for a listener that must be named
+/// before it starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("binding a loopback port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}

@@ -641,8 +641,15 @@ fn late_reply_with_kernel(stalled: bool) -> Harness {
 #[test]
 fn a_slow_reply_on_a_live_connection_is_waited_for() {
     let mut h = late_reply_with_kernel(false);
-    assert_eq!(h.e.path_state(PathId(0)), PathState::Active, "2 s is slow, not dead");
-    assert!(h.sent.iter().any(|s| s.req.is_none()), "a liveness probe went out");
+    assert_eq!(
+        h.e.path_state(PathId(0)),
+        PathState::Active,
+        "2 s is slow, not dead"
+    );
+    assert!(
+        h.sent.iter().any(|s| s.req.is_none()),
+        "a liveness probe went out"
+    );
     // Past its patience (10 s here) even a live connection is given up.
     for _ in 0..100 {
         h.e.wire(h.now, PathId(0), 2000, None, false);
