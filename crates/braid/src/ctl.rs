@@ -149,7 +149,8 @@ pub struct ExportStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnStatus {
-    pub id: u64,
+    /// The connection's id (32 hex digits), as fences name it.
+    pub id: String,
     pub peer: String,
     pub portal: String,
     /// `None` until the handshake has chosen one.

@@ -494,7 +494,7 @@ fn handler(
                 let counts = conn_counts(c);
                 let r = rates.rate(&format!("conn/{}", c.id), counts, now);
                 ctl::ConnStatus {
-                    id: c.id,
+                    id: c.id.to_string(),
                     peer: c.peer.clone(),
                     portal: c.portal.clone(),
                     export: c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),

@@ -284,7 +284,7 @@ fn stale_write(fencing: bool) -> u64 {
                         c.danger_no_fence = !fencing;
                     })
                     .await;
-                    let path1: Vec<u64> = target
+                    let path1: Vec<braid_proto::braid_ns::ConnId> = target
                         .registry
                         .list()
                         .iter()

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use braid_proto::braid_ns::BraidContext;
+use braid_proto::braid_ns::{BraidContext, ConnId, SessionToken};
 use braid_proto::{ClientConfig, ExportDetails, Finish};
 
 use crate::conn::{self, ConnectError, Local, Negotiated, TlsClient};
@@ -219,13 +219,17 @@ pub struct Expect {
     pub identity: Option<String>,
     /// Where the expectation came from, for messages.
     pub source: String,
+    /// This volume's session token, presented on every connection
+    /// (`x-braid:session`): a fence may close only connections opened with
+    /// it.
+    pub session: SessionToken,
 }
 
 /// One connection of a path, negotiated and checked.
 pub struct PathConn {
     pub negotiated: Negotiated,
     /// The target's id of this connection (`x-braid:conn`).
-    pub server_id: Option<u64>,
+    pub server_id: Option<ConnId>,
     /// Context id of `base:allocation`, when selected.
     pub allocation: Option<u32>,
 }
@@ -242,7 +246,11 @@ pub async fn connect_path(
 ) -> Result<PathConn, ConnectError> {
     let stream = conn::dial(&path.portal, &path.local, timeout).await?;
     let cfg = ClientConfig {
-        list_queries: vec!["x-braid:conn".into(), "x-braid:volume".into()],
+        list_queries: vec![
+            BraidContext::Session(expect.session).name(),
+            "x-braid:conn".into(),
+            "x-braid:volume".into(),
+        ],
         set_contexts: vec![braid_proto::server::BASE_ALLOCATION.into()],
         ..ClientConfig::go(expect.export.clone())
     };

@@ -6,16 +6,57 @@
 //! |---|---|
 //! | `x-braid:volume=<uuid>` | the export's stable identity |
 //! | `x-braid:portal=<addr>:<port>` | one address the target serves on |
-//! | `x-braid:conn=<id>` | the id of the connection that asked |
+//! | `x-braid:conn=<id>` | the id of the connection that asked (32 hex digits) |
+//! | `x-braid:session=<token>` | the initiator session the connection belongs to (32 hex digits) |
 //! | `x-braid:fence=<id>,<id>...` | close those connections and drain them |
 //!
 //! Queries: `x-braid:` lists volume, portals and conn; `x-braid:volume`,
 //! `x-braid:portal` and `x-braid:conn` (with or without a trailing `=`)
-//! list one kind; `x-braid:fence=...` performs a fence and answers with the
-//! same name once it has completed.
+//! list one kind; `x-braid:session=<token>` presents the connection's
+//! session token, which the server lists back; `x-braid:fence=...`
+//! performs a fence and answers with the same name once it has completed.
+//!
+//! Fences are scoped, as iSCSI scopes session reinstatement: there, a
+//! login with the same initiator name and ISID replaces (and so ends) the
+//! sessions it names, and no other initiator can. Here the ISID's part is
+//! played by a random 128-bit session token the initiator presents on each
+//! of its connections: a fence, asked over a connection presenting token
+//! `T` for export `E`, may name only connections of `E` opened with `T`.
+//! Connection ids are 128 random bits, so they cannot be guessed either.
+
+use std::fmt;
 
 /// The namespace prefix, colon included.
 pub const NAMESPACE: &str = "x-braid:";
+
+/// The target's id of one connection: 128 random bits, unguessable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u128);
+
+/// An initiator session's token, presented on each of its connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionToken(pub u128);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Display for SessionToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// 1 to 32 hex digits.
+fn hex128(s: &str) -> Option<u128> {
+    let s = s.trim();
+    if s.is_empty() || s.len() > 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u128::from_str_radix(s, 16).ok()
+}
 
 /// One parsed `x-braid:` context name or query.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,9 +66,11 @@ pub enum BraidContext {
     /// `x-braid:volume` / `x-braid:volume=` (query) or with a value.
     Volume(Option<String>),
     Portal(Option<String>),
-    Conn(Option<u64>),
+    Conn(Option<ConnId>),
+    /// The session token a connection presents.
+    Session(SessionToken),
     /// Connection ids to fence; never empty.
-    Fence(Vec<u64>),
+    Fence(Vec<ConnId>),
 }
 
 impl BraidContext {
@@ -47,14 +90,14 @@ impl BraidContext {
             "portal" => Some(Self::Portal(value.map(str::to_owned))),
             "conn" => match value {
                 None => Some(Self::Conn(None)),
-                Some(v) => v.parse().ok().map(|id| Self::Conn(Some(id))),
+                Some(v) => hex128(v).map(|id| Self::Conn(Some(ConnId(id)))),
             },
+            "session" => hex128(value?).map(|t| Self::Session(SessionToken(t))),
             "fence" => {
                 let ids = value?
                     .split(',')
-                    .map(|s| s.trim().parse::<u64>())
-                    .collect::<Result<Vec<_>, _>>()
-                    .ok()?;
+                    .map(|s| hex128(s).map(ConnId))
+                    .collect::<Option<Vec<_>>>()?;
                 (!ids.is_empty()).then_some(Self::Fence(ids))
             }
             _ => None,
@@ -71,8 +114,9 @@ impl BraidContext {
                 Some(id) => format!("{NAMESPACE}conn={id}"),
                 None => format!("{NAMESPACE}conn="),
             },
+            Self::Session(t) => format!("{NAMESPACE}session={t}"),
             Self::Fence(ids) => {
-                let list: Vec<String> = ids.iter().map(u64::to_string).collect();
+                let list: Vec<String> = ids.iter().map(ConnId::to_string).collect();
                 format!("{NAMESPACE}fence={}", list.join(","))
             }
         }
@@ -104,11 +148,15 @@ mod tests {
         );
         assert_eq!(
             BraidContext::parse("x-braid:conn=17"),
-            Some(BraidContext::Conn(Some(17)))
+            Some(BraidContext::Conn(Some(ConnId(0x17))))
         );
         assert_eq!(
-            BraidContext::parse("x-braid:fence=1,2, 3"),
-            Some(BraidContext::Fence(vec![1, 2, 3]))
+            BraidContext::parse("x-braid:fence=1,2, a"),
+            Some(BraidContext::Fence(vec![ConnId(1), ConnId(2), ConnId(10)]))
+        );
+        assert_eq!(
+            BraidContext::parse("x-braid:session=00000000000000000000000000000abc"),
+            Some(BraidContext::Session(SessionToken(0xabc)))
         );
     }
 
@@ -121,6 +169,9 @@ mod tests {
             "x-braid:fence=",
             "x-braid:fence=1,x",
             "x-braid:conn=-1",
+            "x-braid:conn=123456789012345678901234567890123",
+            "x-braid:session",
+            "x-braid:session=xyz",
             "x-braid:colour=red",
         ] {
             assert_eq!(BraidContext::parse(bad), None, "{bad}");
@@ -128,12 +179,21 @@ mod tests {
     }
 
     #[test]
+    fn ids_are_written_as_32_hex_digits() {
+        assert_eq!(
+            BraidContext::Conn(Some(ConnId(255))).name(),
+            "x-braid:conn=000000000000000000000000000000ff"
+        );
+    }
+
+    #[test]
     fn names_parse_back() {
         for c in [
             BraidContext::Volume(Some("u".into())),
             BraidContext::Portal(Some("10.0.0.1:10809".into())),
-            BraidContext::Conn(Some(4)),
-            BraidContext::Fence(vec![4, 5]),
+            BraidContext::Conn(Some(ConnId(u128::MAX))),
+            BraidContext::Session(SessionToken(7)),
+            BraidContext::Fence(vec![ConnId(4), ConnId(u128::MAX - 1)]),
         ] {
             assert_eq!(BraidContext::parse(&c.name()), Some(c));
         }

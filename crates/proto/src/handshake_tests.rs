@@ -54,7 +54,7 @@ impl Catalog for TwoExports {
 
 fn server() -> ServerHandshake {
     ServerHandshake::new(ServerConfig {
-        conn_id: 42,
+        conn_id: braid_ns::ConnId(0x42),
         portals: vec!["127.0.0.1:10809".into(), "127.0.0.2:10809".into()],
         ..ServerConfig::default()
     })
@@ -336,7 +336,7 @@ fn listing_braid_contexts() {
             "x-braid:volume=uuid-of-a",
             "x-braid:portal=127.0.0.1:10809",
             "x-braid:portal=127.0.0.2:10809",
-            "x-braid:conn=42"
+            "x-braid:conn=00000000000000000000000000000042"
         ]
     );
     // No query: everything, base:allocation first.
@@ -421,9 +421,23 @@ fn fence_waits_for_the_driver() {
     let ev = send(
         &mut s,
         OptCode::ListMetaContext,
-        &meta("a", &["x-braid:conn", "x-braid:fence=7,3,7"]),
+        &meta(
+            "a",
+            &[
+                "x-braid:session=00000000000000000000000000000abc",
+                "x-braid:conn",
+                "x-braid:fence=7,3,7",
+            ],
+        ),
     );
-    assert_eq!(ev, ServerEvent::Fence(vec![3, 7]));
+    assert_eq!(
+        ev,
+        ServerEvent::Fence {
+            ids: vec![braid_ns::ConnId(3), braid_ns::ConnId(7)],
+            export: "a".into(),
+            session: Some(braid_ns::SessionToken(0xabc)),
+        }
+    );
     // Nothing is answered until the fence is done, even if more arrives.
     assert!(s.take_output().is_empty());
     s.fence_done(Ok(()));
@@ -431,7 +445,14 @@ fn fence_waits_for_the_driver() {
         .into_iter()
         .map(|c| c.1)
         .collect();
-    assert_eq!(names, ["x-braid:conn=42", "x-braid:fence=3,7"]);
+    assert_eq!(
+        names,
+        [
+            "x-braid:session=00000000000000000000000000000abc",
+            "x-braid:conn=00000000000000000000000000000042",
+            "x-braid:fence=00000000000000000000000000000003,00000000000000000000000000000007"
+        ]
+    );
     send(
         &mut s,
         OptCode::ListMetaContext,
@@ -519,7 +540,7 @@ fn converse(cfg: ClientConfig) -> (Result<ClientOutcome, ProtoError>, Option<Ser
         }
         to_server.extend_from_slice(&client.take_output());
         match s.handle_input(&mut to_server, &TwoExports).unwrap() {
-            ServerEvent::Fence(_) => s.fence_done(Ok(())),
+            ServerEvent::Fence { .. } => s.fence_done(Ok(())),
             ev => last_server = Some(ev),
         }
     }
@@ -566,11 +587,13 @@ fn client_reports_refusals_with_the_servers_message() {
 #[test]
 fn client_fence_then_abort() {
     let mut cfg = ClientConfig::go("a");
-    cfg.list_queries = vec!["x-braid:fence=1,2".into()];
+    let fence =
+        braid_ns::BraidContext::Fence(vec![braid_ns::ConnId(1), braid_ns::ConnId(2)]).name();
+    cfg.list_queries = vec![fence.clone()];
     cfg.finish = Finish::Abort;
     let (outcome, server_ev) = converse(cfg);
     let outcome = outcome.unwrap();
-    assert_eq!(outcome.listed, ["x-braid:fence=1,2"]);
+    assert_eq!(outcome.listed, [fence]);
     assert!(!outcome.transmission);
     assert_eq!(server_ev, Some(ServerEvent::Closed));
 }

@@ -286,14 +286,11 @@ pub mod fuzzing {
                             run.events.push(ServerEvent::StartTls);
                             hs.tls_established();
                         }
-                        Ok(ServerEvent::Fence(ids)) => {
+                        Ok(fence @ ServerEvent::Fence { .. }) => {
                             // Both outcomes, chosen by the input.
-                            hs.fence_done(if ids.len() % 2 == 0 {
-                                Ok(())
-                            } else {
-                                Err("fuzz".into())
-                            });
-                            run.events.push(ServerEvent::Fence(ids));
+                            let even = matches!(&fence, ServerEvent::Fence { ids, .. } if ids.len() % 2 == 0);
+                            hs.fence_done(if even { Ok(()) } else { Err("fuzz".into()) });
+                            run.events.push(fence);
                         }
                         Ok(end @ ServerEvent::Transmission(_)) => {
                             run.events.push(end);

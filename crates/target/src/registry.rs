@@ -6,11 +6,16 @@
 //! received has completed or been dropped, so no stale write can land after
 //! its retry. A connection leaves the registry only when nothing of it is in
 //! flight any more, so an id that is not here has nothing left to drain.
+//!
+//! A fence is scoped (see `braid_proto::braid_ns`): ids are 128 random
+//! bits, and a fence may close only connections of the export it was asked
+//! for that were opened with the asker's session token.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use braid_proto::braid_ns::{ConnId, SessionToken};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
@@ -33,12 +38,14 @@ pub struct ConnStats {
 /// One connection as the registry knows it.
 #[derive(Debug)]
 pub struct Conn {
-    pub id: u64,
+    pub id: ConnId,
     pub peer: String,
     /// The client's address; `None` for unix socket clients.
     pub peer_ip: Option<std::net::IpAddr>,
     pub portal: String,
     pub export: Mutex<Option<String>>,
+    /// The initiator session token it presented (`x-braid:session`).
+    pub session: Mutex<Option<SessionToken>>,
     pub stats: ConnStats,
     fenced: AtomicBool,
     inflight: AtomicUsize,
@@ -118,8 +125,7 @@ impl Conn {
 /// All live connections of one server.
 #[derive(Debug, Default)]
 pub struct Registry {
-    next_id: AtomicU64,
-    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    conns: Mutex<HashMap<ConnId, Arc<Conn>>>,
     /// Figures of connections that have left, for counters that only grow.
     pub stats: crate::stats::TargetStats,
 }
@@ -127,8 +133,6 @@ pub struct Registry {
 impl Registry {
     pub fn new() -> Self {
         Self {
-            // Ids start at 1 so that 0 never names a connection.
-            next_id: AtomicU64::new(1),
             conns: Mutex::new(HashMap::new()),
             stats: Default::default(),
         }
@@ -141,13 +145,19 @@ impl Registry {
         peer_ip: Option<std::net::IpAddr>,
         portal: String,
     ) -> Arc<Conn> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // 128 bits from the OS's random source: an id cannot be guessed,
+        // and a collision is never seen in practice (checked anyway).
+        let mut id = ConnId(uuid::Uuid::new_v4().as_u128());
+        while self.lock().contains_key(&id) {
+            id = ConnId(uuid::Uuid::new_v4().as_u128());
+        }
         let conn = Arc::new(Conn {
             id,
             peer,
             peer_ip,
             portal,
             export: Mutex::new(None),
+            session: Mutex::new(None),
             stats: ConnStats::default(),
             fenced: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
@@ -165,7 +175,7 @@ impl Registry {
         self.lock().len()
     }
 
-    pub fn remove(&self, id: u64) {
+    pub fn remove(&self, id: ConnId) {
         let gone = self.lock().remove(&id);
         if let Some(conn) = gone {
             self.stats.retire(&conn);
@@ -179,10 +189,49 @@ impl Registry {
         v
     }
 
+    /// Fences `ids` for a client asking over a connection to `export` with
+    /// `session`: refuses, fencing nothing, unless every connection named
+    /// that is still here belongs to `export` and was opened with the same
+    /// session token (ids that are gone have nothing left to fence).
+    ///
+    /// # Errors
+    ///
+    /// Why the fence was refused, for the asker.
+    pub async fn fence_scoped(
+        &self,
+        ids: &[ConnId],
+        export: &str,
+        session: Option<SessionToken>,
+    ) -> Result<(), String> {
+        let Some(session) = session else {
+            return Err(
+                "a fence needs the session token of the connections it names (x-braid:session)"
+                    .into(),
+            );
+        };
+        let named: Vec<Arc<Conn>> = {
+            let conns = self.lock();
+            ids.iter().filter_map(|id| conns.get(id).cloned()).collect()
+        };
+        for c in &named {
+            let theirs = *c.session.lock().unwrap_or_else(|p| p.into_inner());
+            let their_export = c.export.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if theirs != Some(session) || their_export.as_deref() != Some(export) {
+                return Err(format!(
+                    "connection {} is not one of this session's connections to export {export:?}",
+                    c.id
+                ));
+            }
+        }
+        self.fence(ids).await;
+        Ok(())
+    }
+
     /// Closes the connections `ids` and returns once every request they had
     /// received has completed or been dropped. Unknown ids are already
-    /// gone, with nothing in flight.
-    pub async fn fence(&self, ids: &[u64]) {
+    /// gone, with nothing in flight. Unscoped: clients' fences go through
+    /// [`Self::fence_scoped`].
+    pub async fn fence(&self, ids: &[ConnId]) {
         let targets: Vec<Arc<Conn>> = {
             let conns = self.lock();
             ids.iter().filter_map(|id| conns.get(id).cloned()).collect()
@@ -204,7 +253,7 @@ impl Registry {
     /// Test hook: holds every request of connection `id` before it reaches
     /// the backend, as a stuck disk or a slow server would, until
     /// [`Self::release`] or a fence. Returns whether the connection exists.
-    pub fn hold(&self, id: u64) -> bool {
+    pub fn hold(&self, id: ConnId) -> bool {
         let Some(conn) = self.lock().get(&id).cloned() else {
             return false;
         };
@@ -214,14 +263,14 @@ impl Registry {
 
     /// Lets held requests of connection `id` go on to the backend (unless
     /// a fence dropped them meanwhile).
-    pub fn release(&self, id: u64) {
+    pub fn release(&self, id: ConnId) {
         if let Some(conn) = self.lock().get(&id).cloned() {
             conn.held.store(false, Ordering::Release);
             conn.hold_changed.notify_waiters();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ConnId, Arc<Conn>>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -240,7 +289,7 @@ mod tests {
         conn.begin();
         let r2 = reg.clone();
         let id = conn.id;
-        let fence = tokio::spawn(async move { r2.fence(&[id, 999]).await });
+        let fence = tokio::spawn(async move { r2.fence(&[id, ConnId(999)]).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(
             !fence.is_finished(),
@@ -274,6 +323,36 @@ mod tests {
             .await
             .expect("fence does not wait for a held request");
         assert!(held.await.unwrap(), "held request ran after its fence");
+    }
+
+    #[tokio::test]
+    async fn a_fence_closes_only_its_own_sessions_connections_of_its_export() {
+        let reg = Registry::new();
+        let (mine, theirs) = (SessionToken(1), SessionToken(2));
+        let conn = |export: &str, session| {
+            let c = reg.add("p".into(), None, "q".into());
+            *c.export.lock().unwrap() = Some(export.into());
+            *c.session.lock().unwrap() = Some(session);
+            c
+        };
+        let a = conn("vol", mine);
+        let b = conn("vol", theirs);
+        let c = conn("other", mine);
+        assert_ne!(a.id, b.id);
+        for (ids, export, session) in [
+            (vec![b.id], "vol", Some(mine)),
+            (vec![a.id, b.id], "vol", Some(mine)),
+            (vec![c.id], "vol", Some(mine)),
+            (vec![a.id], "vol", None),
+        ] {
+            let r = reg.fence_scoped(&ids, export, session).await;
+            assert!(r.is_err(), "{ids:?} {session:?}");
+            assert!(!a.fenced() && !b.fenced() && !c.fenced());
+        }
+        reg.fence_scoped(&[a.id, ConnId(7)], "vol", Some(mine))
+            .await
+            .unwrap();
+        assert!(a.fenced() && !b.fenced() && !c.fenced());
     }
 
     #[tokio::test]

@@ -221,7 +221,7 @@ async fn accept_tcp(listener: TcpListener, portal: String, ctx: ConnCtx) -> Join
                 let conn = ctx
                     .registry
                     .add(peer.to_string(), Some(peer.ip()), portal.clone());
-                info!(conn = conn.id, %peer, %portal, "connection");
+                info!(conn = %conn.id, %peer, %portal, "connection");
                 conns.spawn(conn::serve(
                     Box::new(stream),
                     conn,
@@ -256,7 +256,7 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
                     continue;
                 }
                 let conn = ctx.registry.add("local".into(), None, name.clone());
-                info!(conn = conn.id, socket = %name, "connection");
+                info!(conn = %conn.id, socket = %name, "connection");
                 conns.spawn(conn::serve(Box::new(stream), conn, None, ctx.clone()));
             }
             Err(e) => {

@@ -58,10 +58,12 @@ pub struct Wire {
     /// The kernel is waiting on the peer: data it sent is being
     /// retransmitted (an RTO fired), or a probe of a closed receive window
     /// went unanswered.
-    /// A peer whose disk is slow still acknowledges everything, and
-    /// answers window probes when its buffers are full; a dead link or
-    /// host does neither.
     pub stalled: bool,
+    /// The peer's receive window is closed: its buffers are full (a slow
+    /// server that has stopped reading), so new bytes cannot go out.
+    pub window_closed: bool,
+    /// Time since the last ACK came from the peer.
+    pub last_ack: Duration,
 }
 
 /// Reads `TCP_INFO` of a socket.
@@ -94,6 +96,8 @@ fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
         // window closed (each answer resets the count, the next probe
         // raises it to 1 again); two mean one went unanswered.
         stalled: info.tcpi_retransmits > 0 || info.tcpi_probes > 1,
+        window_closed: info.tcpi_snd_wnd == 0,
+        last_ack: Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
     })
 }
 

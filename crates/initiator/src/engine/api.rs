@@ -153,7 +153,7 @@ pub enum Action {
     Fence {
         path: PathId,
         fence: FenceId,
-        conns: Vec<u64>,
+        conns: Vec<braid_proto::braid_ns::ConnId>,
     },
     /// Try connecting the path again after this delay.
     Reconnect {

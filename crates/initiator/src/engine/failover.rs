@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use braid_proto::braid_ns::ConnId;
 use braid_proto::{CmdFlags, Cookie};
 
 use super::{
@@ -19,7 +20,7 @@ impl Engine {
         &mut self,
         now: Duration,
         path: PathId,
-        server_ids: Vec<Option<u64>>,
+        server_ids: Vec<Option<ConnId>>,
         fencing: bool,
     ) {
         let p = &mut self.paths[path.0];
@@ -65,7 +66,7 @@ impl Engine {
         // collected below with the rest of the path's chunks).
         self.actions
             .retain(|a| !matches!(a, Action::Send(s) if s.path == path));
-        let server_ids: Vec<u64> = p.conns.iter().filter_map(|c| c.server_id).collect();
+        let server_ids: Vec<ConnId> = p.conns.iter().filter_map(|c| c.server_id).collect();
         let fencing = p.fencing;
         p.reset_conns();
         let mut cookies: Vec<u64> = self

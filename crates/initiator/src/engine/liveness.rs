@@ -27,9 +27,20 @@ pub(crate) struct Liveness {
     alive_at: Option<Duration>,
     /// The slowest reply this path has given.
     slowest: Duration,
-    /// Whether the kernel is waiting on the peer; `None` without the
-    /// kernel's figures (a unix socket).
-    stalled: Option<bool>,
+    /// The kernel's last word on the peer, and when it was read; `None`
+    /// without the kernel's figures (a unix socket).
+    kernel: Option<(Duration, KernelHealth)>,
+}
+
+/// What the kernel says of a path's peer (`TCP_INFO` of its connections).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelHealth {
+    /// Retransmitting, or a probe of a closed window went unanswered.
+    pub stalled: bool,
+    /// The peer's receive window is closed: it is full and not reading.
+    pub window_closed: bool,
+    /// Time since the peer last sent an ACK.
+    pub last_ack: Duration,
 }
 
 impl Liveness {
@@ -42,9 +53,9 @@ impl Liveness {
         self.wire_bytes = bytes;
     }
 
-    /// The kernel's word: it is (or is not) waiting on the peer.
-    pub fn stalled(&mut self, stalled: bool) {
-        self.stalled = Some(stalled);
+    /// The kernel's word on the peer, read at `now`.
+    pub fn kernel(&mut self, now: Duration, health: KernelHealth) {
+        self.kernel = Some((now, health));
     }
 
     /// A reply came, after `service` on the path.
@@ -79,17 +90,24 @@ impl Liveness {
     }
 
     /// Whether the connection answered the probe: bytes moved after it was
-    /// sent, or the kernel has nothing the peer left unanswered (a peer
-    /// whose buffers are full of slow writes cannot take the probe's bytes,
-    /// but answers the kernel's window probes). The probe's own reply is
+    /// sent; or the peer sent an ACK after it; or the peer's window is
+    /// closed (a server whose buffers are full of slow writes cannot take
+    /// the probe's bytes) while every window probe is answered. A link that
+    /// is down or blackholed shows none of these. The probe's own reply is
     /// seen by the caller as progress. If answered, the path counts as
     /// alive from `now`.
     pub fn answered(&mut self, now: Duration) -> bool {
-        let moved = matches!(
-            (self.probe_sent, self.wire_grew),
-            (Some(sent), Some(grew)) if grew > sent
-        );
-        let yes = self.probe_sent.is_some() && (moved || self.stalled == Some(false));
+        let Some(sent) = self.probe_sent else {
+            return false;
+        };
+        let moved = self.wire_grew.is_some_and(|grew| grew > sent);
+        let acked = self
+            .kernel
+            .is_some_and(|(at, k)| at.saturating_sub(k.last_ack) > sent);
+        let full = self
+            .kernel
+            .is_some_and(|(_, k)| k.window_closed && !k.stalled);
+        let yes = moved || acked || full;
         if yes {
             self.alive_at = Some(now);
             self.probe_sent = None;
@@ -126,17 +144,31 @@ mod tests {
 
     #[test]
     fn a_peer_that_answers_the_kernel_is_alive_and_one_that_does_not_is_not() {
+        let health = |stalled, window_closed, last_ack| KernelHealth {
+            stalled,
+            window_closed,
+            last_ack: MS(last_ack),
+        };
         let mut l = Liveness::default();
         l.probe_sent(MS(200));
         assert!(
             !l.answered(MS(500)),
             "without the kernel's word, only bytes count"
         );
-        l.stalled(true);
-        assert!(!l.answered(MS(500)), "retransmitting: the peer is silent");
-        l.stalled(false);
-        assert!(l.answered(MS(500)), "nothing unanswered: a full, slow peer");
+        // A link that is down: nothing sent, nothing retransmitted, no ACK.
+        l.kernel(MS(500), health(false, false, 400));
+        assert!(!l.answered(MS(500)));
+        // Retransmitting into a closed window: silent.
+        l.kernel(MS(500), health(true, true, 400));
+        assert!(!l.answered(MS(500)));
+        // A full peer answering window probes.
+        l.kernel(MS(500), health(false, true, 450));
+        assert!(l.answered(MS(500)));
         assert!(!l.answered(MS(600)), "no probe out, nothing to answer");
+        // An ACK after the probe.
+        l.probe_sent(MS(700));
+        l.kernel(MS(900), health(false, false, 100));
+        assert!(l.answered(MS(900)));
     }
 
     #[test]

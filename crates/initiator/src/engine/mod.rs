@@ -46,6 +46,7 @@ pub use api::{
     SendChunk, Submit,
 };
 pub use counters::VolumeCounters;
+pub use liveness::KernelHealth;
 use path::Path;
 pub use path::{PathConfig, PathCounters, PathState};
 pub use stats::{Ewma, Histogram};
@@ -389,20 +390,19 @@ impl Engine {
     }
 
     /// The kernel's figures of a path's connections (see `Path::wire`):
-    /// bytes delivered, the smallest round trip, and whether the kernel is
-    /// waiting on the peer (retransmitting, or probing a closed window
-    /// without answer).
+    /// bytes delivered, the smallest round trip, and what it says of the
+    /// peer's health (see [`KernelHealth`]).
     pub fn wire(
         &mut self,
         now: Duration,
         path: PathId,
         bytes: u64,
         min_rtt: Option<Duration>,
-        stalled: bool,
+        health: KernelHealth,
     ) {
         if let Some(p) = self.paths.get_mut(path.0) {
             p.wire(now, bytes, min_rtt);
-            p.liveness.stalled(stalled);
+            p.liveness.kernel(now, health);
         }
         self.release_held(now);
     }

@@ -54,7 +54,7 @@ pub struct PathConfig {
 pub(crate) struct ConnSlot {
     pub up: bool,
     /// The target's id for this connection (`x-braid:conn`), for fencing.
-    pub server_id: Option<u64>,
+    pub server_id: Option<braid_proto::braid_ns::ConnId>,
     pub inflight_requests: u32,
     pub inflight_bytes: u64,
 }

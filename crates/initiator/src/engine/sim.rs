@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use braid_policy::{by_name, PolicyOptions, SplitRules};
+use braid_proto::braid_ns::ConnId;
 use braid_proto::{CmdFlags, Cookie};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -131,7 +132,12 @@ impl Sim {
         let mut conn_ids = Vec::new();
         for i in 0..paths {
             let p = engine.add_path(PathConfig::default(), Duration::ZERO);
-            engine.path_up(Duration::ZERO, p, vec![Some(i as u64 + 1)], true);
+            engine.path_up(
+                Duration::ZERO,
+                p,
+                vec![Some(ConnId(u128::from(i as u64 + 1)))],
+                true,
+            );
             conn_ids.push(i as u64 + 1);
         }
         let mut s = Self {
@@ -222,6 +228,7 @@ impl Sim {
                     self.closed.insert(self.conn_ids[path.0]);
                 }
                 Action::Fence { fence, conns, .. } => {
+                    let conns = conns.iter().map(|c| c.0 as u64).collect();
                     let task = FenceTask { fence, conns };
                     self.at(Duration::ZERO, Ev::FenceTry(task));
                 }
@@ -404,8 +411,12 @@ impl Sim {
                 if self.links[path.0] == Link::Up {
                     self.next_conn += 1;
                     self.conn_ids[path.0] = self.next_conn;
-                    self.engine
-                        .path_up(self.now, path, vec![Some(self.next_conn)], true);
+                    self.engine.path_up(
+                        self.now,
+                        path,
+                        vec![Some(ConnId(u128::from(self.next_conn)))],
+                        true,
+                    );
                 } else {
                     self.engine.reconnect_failed(path);
                 }

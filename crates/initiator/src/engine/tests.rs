@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use braid_policy::{by_name, PolicyOptions};
+use braid_proto::braid_ns::ConnId;
 use braid_proto::{CmdFlags, Cookie, Errno};
 
 use super::*;
@@ -27,7 +28,12 @@ impl Harness {
         );
         for _ in 0..paths {
             let p = e.add_path(PathConfig::default(), Duration::ZERO);
-            e.path_up(Duration::ZERO, p, vec![Some(p.0 as u64 + 100)], true);
+            e.path_up(
+                Duration::ZERO,
+                p,
+                vec![Some(ConnId(p.0 as u128 + 100))],
+                true,
+            );
         }
         let mut h = Self {
             e,
@@ -228,7 +234,7 @@ fn writes_of_a_failed_path_wait_for_its_fence() {
     assert!(h.log.contains(&Action::Fence {
         path: PathId(0),
         fence: FenceId(1),
-        conns: vec![100]
+        conns: vec![ConnId(100)]
     }));
     assert_eq!(h.sent.len(), before, "a write was re-sent before the fence");
     assert_eq!(h.e.volume_counters().fences, 0);
@@ -366,7 +372,7 @@ fn no_path_resumes_when_a_path_returns() {
     h.pump();
     let r = h.submit(Op::Read, 0, 4096);
     h.advance(Duration::from_secs(3));
-    h.e.path_up(h.now, PathId(0), vec![Some(7)], true);
+    h.e.path_up(h.now, PathId(0), vec![Some(ConnId(7))], true);
     h.pump();
     assert!(h
         .log
@@ -533,7 +539,7 @@ fn each_failure_of_a_path_has_its_own_fence_and_releases_only_its_writes() {
     h.pump();
     // Path 0 comes back as connection 200 and fails again, with writes,
     // while the first fence is still out.
-    h.e.path_up(h.now, PathId(0), vec![Some(200)], true);
+    h.e.path_up(h.now, PathId(0), vec![Some(ConnId(200))], true);
     h.pump();
     h.e.set_enabled(h.now, PathId(1), false);
     h.sent.clear();
@@ -544,7 +550,7 @@ fn each_failure_of_a_path_has_its_own_fence_and_releases_only_its_writes() {
     );
     h.e.path_failed(h.now, PathId(0), "reset again");
     h.pump();
-    let fences: Vec<(FenceId, Vec<u64>)> = h
+    let fences: Vec<(FenceId, Vec<ConnId>)> = h
         .log
         .iter()
         .filter_map(|a| match a {
@@ -554,7 +560,10 @@ fn each_failure_of_a_path_has_its_own_fence_and_releases_only_its_writes() {
         .collect();
     assert_eq!(
         fences,
-        vec![(FenceId(1), vec![100]), (FenceId(2), vec![200])]
+        vec![
+            (FenceId(1), vec![ConnId(100)]),
+            (FenceId(2), vec![ConnId(200)])
+        ]
     );
     h.e.set_enabled(h.now, PathId(1), true);
     h.sent.clear();
@@ -620,7 +629,7 @@ fn a_newer_write_waits_for_the_fence_of_an_older_write_that_timed_out() {
 /// A busy path with a late reply: the kernel says whether its peer still
 /// answers, and that decides between waiting (a slow disk) and failing it
 /// (a dead link), where the reply's lateness alone used to fail both.
-fn late_reply_with_kernel(stalled: bool) -> Harness {
+fn late_reply_with_kernel(alive: bool) -> Harness {
     let cfg = EngineConfig {
         timeout_floor: Duration::from_millis(300),
         timeout_ceiling: Duration::from_secs(2),
@@ -632,7 +641,12 @@ fn late_reply_with_kernel(stalled: bool) -> Harness {
     h.submit(Op::Flush, 0, 0);
     for _ in 0..20 {
         // No byte moves (a full peer, or a dead one): the kernel decides.
-        h.e.wire(h.now, PathId(0), 1000, None, stalled);
+        let health = KernelHealth {
+            stalled: !alive,
+            window_closed: true,
+            last_ack: Duration::from_secs(5),
+        };
+        h.e.wire(h.now, PathId(0), 1000, None, health);
         h.advance(Duration::from_millis(100));
     }
     h
@@ -640,7 +654,7 @@ fn late_reply_with_kernel(stalled: bool) -> Harness {
 
 #[test]
 fn a_slow_reply_on_a_live_connection_is_waited_for() {
-    let mut h = late_reply_with_kernel(false);
+    let mut h = late_reply_with_kernel(true);
     assert_eq!(
         h.e.path_state(PathId(0)),
         PathState::Active,
@@ -652,7 +666,11 @@ fn a_slow_reply_on_a_live_connection_is_waited_for() {
     );
     // Past its patience (10 s here) even a live connection is given up.
     for _ in 0..100 {
-        h.e.wire(h.now, PathId(0), 2000, None, false);
+        let health = KernelHealth {
+            window_closed: true,
+            ..KernelHealth::default()
+        };
+        h.e.wire(h.now, PathId(0), 2000, None, health);
         h.advance(Duration::from_millis(100));
     }
     assert_eq!(h.e.path_state(PathId(0)), PathState::Failed);
@@ -664,7 +682,7 @@ fn a_slow_reply_on_a_live_connection_is_waited_for() {
 
 #[test]
 fn a_late_reply_on_a_connection_the_peer_no_longer_answers_fails_the_path() {
-    let h = late_reply_with_kernel(true);
+    let h = late_reply_with_kernel(false);
     assert_eq!(h.e.path_state(PathId(0)), PathState::Failed);
     assert!(h.log.iter().any(|a| matches!(
         a,

@@ -464,7 +464,12 @@ mod tests {
             );
             for i in 0..paths {
                 let p = engine.add_path(PathConfig::default(), Duration::ZERO);
-                engine.path_up(Duration::ZERO, p, vec![Some(i as u64)], true);
+                engine.path_up(
+                    Duration::ZERO,
+                    p,
+                    vec![Some(braid_proto::braid_ns::ConnId(i as u128))],
+                    true,
+                );
             }
             while engine.poll_action().is_some() {}
             let id = engine.submit(Duration::ZERO, Submit { op: Op::Read, offset, len, flags: CmdFlags(0) });

@@ -302,6 +302,9 @@ impl Volume {
                 size: export.size,
                 identity: d.identity.clone(),
                 source: first,
+                // Fresh for each open: a fence by this volume can name
+                // only connections this volume opened.
+                session: braid_proto::braid_ns::SessionToken(uuid::Uuid::new_v4().as_u128()),
             },
             connect_timeout: cfg.connect_timeout,
             probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
@@ -559,8 +562,12 @@ async fn tick(shared: std::sync::Weak<Shared>) {
             if !wires.is_empty() {
                 let bytes = wires.iter().map(|w| w.bytes).sum();
                 let min_rtt = wires.iter().filter_map(|w| w.min_rtt).min();
-                let stalled = wires.iter().any(|w| w.stalled);
-                core.engine.wire(now, PathId(i), bytes, min_rtt, stalled);
+                let health = crate::engine::KernelHealth {
+                    stalled: wires.iter().any(|w| w.stalled),
+                    window_closed: wires.iter().any(|w| w.window_closed),
+                    last_ack: wires.iter().map(|w| w.last_ack).min().unwrap_or_default(),
+                };
+                core.engine.wire(now, PathId(i), bytes, min_rtt, health);
             }
         }
         core.engine.tick(now);

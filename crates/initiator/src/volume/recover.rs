@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_proto::braid_ns::BraidContext;
+use braid_proto::braid_ns::{BraidContext, ConnId};
 use braid_proto::{ClientConfig, Finish};
 use tracing::{debug, info};
 
@@ -151,8 +151,9 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
 /// `path`), over a fresh connection on any path, until it succeeds or the
 /// engine no longer wants `fence`. Each failure runs its own: a newer
 /// failure of the same path neither ends nor completes this one.
-pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<u64>) {
+pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<ConnId>) {
     let query = BraidContext::Fence(conns.clone()).name();
+    let named: Vec<String> = conns.iter().map(ToString::to_string).collect();
     let mut delay = Duration::from_millis(50);
     loop {
         let candidates = {
@@ -176,7 +177,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
         for (_, spec) in candidates {
             match fence_via(&shared, &spec, &query).await {
                 Ok(()) => {
-                    info!(path = path.0 + 1, fence = fence.0, ?conns, via = %spec, "target fenced the failed connections");
+                    info!(path = path.0 + 1, fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
                     core.engine.fence_done(shared.now(), fence);
                     core.act(&shared);
@@ -198,7 +199,12 @@ async fn fence_via(
     let timeout = shared.settings.connect_timeout;
     let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
     let cfg = ClientConfig {
-        list_queries: vec![query.to_owned()],
+        // The fence names this session's own connections, and the target
+        // checks it by the token.
+        list_queries: vec![
+            BraidContext::Session(shared.settings.expect.session).name(),
+            query.to_owned(),
+        ],
         finish: Finish::Abort,
         ..ClientConfig::go(shared.settings.expect.export.clone())
     };

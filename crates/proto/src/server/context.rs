@@ -1,7 +1,7 @@
 //! Metadata contexts: `NBD_OPT_LIST_META_CONTEXT` and
 //! `NBD_OPT_SET_META_CONTEXT`, for the `base:` namespace and braid's own.
 
-use crate::braid_ns::BraidContext;
+use crate::braid_ns::{BraidContext, ConnId};
 use crate::option::{encode_error, encode_reply, MetaContext, MetaQuery};
 use crate::wire::{OptCode, RepCode, MAX_STRING_LEN};
 
@@ -44,6 +44,13 @@ impl ServerHandshake {
                 return None;
             }
         };
+        // A session token, wherever it comes, belongs to the connection
+        // (and scopes a fence asked in the same option).
+        for q in &query.queries {
+            if let Some(BraidContext::Session(t)) = BraidContext::parse(q) {
+                self.session = Some(t);
+            }
+        }
         if listing {
             let queries = if query.queries.is_empty() {
                 vec!["base:".to_owned(), crate::braid_ns::NAMESPACE.to_owned()]
@@ -51,14 +58,22 @@ impl ServerHandshake {
                 query.queries
             };
             let mut names = Vec::new();
-            let mut fence: Vec<u64> = Vec::new();
+            let mut fence: Vec<ConnId> = Vec::new();
             for q in &queries {
-                if let Some(BraidContext::Fence(ids)) = BraidContext::parse(q) {
-                    fence.extend(ids);
-                } else {
-                    for name in self.matching(&export, q, true) {
+                match BraidContext::parse(q) {
+                    Some(BraidContext::Fence(ids)) => fence.extend(ids),
+                    // Listed back: the server understood the token.
+                    Some(s @ BraidContext::Session(_)) => {
+                        let name = s.name();
                         if !names.contains(&name) {
                             names.push(name);
+                        }
+                    }
+                    _ => {
+                        for name in self.matching(&export, q, true) {
+                            if !names.contains(&name) {
+                                names.push(name);
+                            }
                         }
                     }
                 }
@@ -68,7 +83,11 @@ impl ServerHandshake {
                 fence.dedup();
                 let fence_name = BraidContext::Fence(fence.clone()).name();
                 self.state = State::Fencing { names, fence_name };
-                return Some(ServerEvent::Fence(fence));
+                return Some(ServerEvent::Fence {
+                    ids: fence,
+                    export: query.export,
+                    session: self.session,
+                });
             }
             for name in &names {
                 self.context_reply(code, 0, name);

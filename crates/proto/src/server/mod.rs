@@ -11,6 +11,7 @@
 
 use bytes::{Buf, BytesMut};
 
+use crate::braid_ns::{ConnId, SessionToken};
 use crate::option::{encode_error, encode_reply, GoData, Info, OptionHeader, ServerEntry};
 use crate::request::Negotiated;
 use crate::wire::{
@@ -76,7 +77,7 @@ pub enum TlsMode {
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// This connection's id, reported as `x-braid:conn=<id>`.
-    pub conn_id: u64,
+    pub conn_id: ConnId,
     /// Every portal of the target, as `addr:port`.
     pub portals: Vec<String>,
     pub tls: TlsMode,
@@ -87,7 +88,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
-            conn_id: 0,
+            conn_id: ConnId(0),
             portals: Vec::new(),
             tls: TlsMode::Off,
             max_option_len: 64 * 1024,
@@ -126,6 +127,9 @@ pub struct Session {
     pub contexts: Vec<SelectedContext>,
     /// The client asked for `NBD_INFO_BLOCK_SIZE` with `NBD_OPT_GO`.
     pub block_size_acked: bool,
+    /// The initiator session token the client presented
+    /// (`x-braid:session`), which scopes who may fence this connection.
+    pub braid_session: Option<SessionToken>,
 }
 
 impl Session {
@@ -156,8 +160,14 @@ pub enum ServerEvent {
     StartTls,
     /// Close these connections and wait until every request they had
     /// received has completed or been dropped, then call
-    /// [`ServerHandshake::fence_done`].
-    Fence(Vec<u64>),
+    /// [`ServerHandshake::fence_done`]. The driver must refuse (and fence
+    /// nothing) unless every connection named is of `export` and was
+    /// opened with `session`; a fence without a session is refused.
+    Fence {
+        ids: Vec<ConnId>,
+        export: String,
+        session: Option<SessionToken>,
+    },
 }
 
 #[derive(Debug)]
@@ -187,6 +197,8 @@ pub struct ServerHandshake {
     structured: bool,
     /// Export named by the last SET_META_CONTEXT and what it selected.
     meta: Option<(String, Vec<SelectedContext>)>,
+    /// The session token presented (`x-braid:session`), if any.
+    session: Option<SessionToken>,
 }
 
 impl ServerHandshake {
@@ -206,6 +218,7 @@ impl ServerHandshake {
             tls_active: false,
             structured: false,
             meta: None,
+            session: None,
         }
     }
 
@@ -540,6 +553,7 @@ impl ServerHandshake {
             structured: self.structured,
             contexts,
             block_size_acked,
+            braid_session: self.session,
         }))
     }
 }

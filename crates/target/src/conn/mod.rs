@@ -27,7 +27,7 @@ use braid_proto::{
 use bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::export::{Export, Exports, Storage};
 use crate::registry::{Conn, Registry};
@@ -143,8 +143,8 @@ pub(crate) async fn serve(
 ) {
     let result = run(stream, &conn, peer, &ctx).await;
     match result {
-        Ok(()) => debug!(conn = conn.id, "connection closed"),
-        Err(e) => info!(conn = conn.id, peer = %conn.peer, "connection closed: {e}"),
+        Ok(()) => debug!(conn = %conn.id, "connection closed"),
+        Err(e) => info!(conn = %conn.id, peer = %conn.peer, "connection closed: {e}"),
     }
     conn.drain().await;
     ctx.registry.remove(conn.id);
@@ -173,7 +173,8 @@ async fn run(
         return Ok(());
     };
     *conn.export.lock().unwrap_or_else(|p| p.into_inner()) = Some(export.name.clone());
-    debug!(conn = conn.id, export = %export.name, structured = session.structured, "transmission");
+    *conn.session.lock().unwrap_or_else(|p| p.into_inner()) = session.braid_session;
+    debug!(conn = %conn.id, export = %export.name, structured = session.structured, "transmission");
     transmission(stream, leftover, session, export, conn, ctx).await
 }
 
@@ -231,11 +232,29 @@ async fn handshake(
                 stream.flush().await?;
                 return Ok(None);
             }
-            ServerEvent::Fence(ids) => {
-                info!(conn = conn.id, ?ids, "fence requested");
-                ctx.registry.fence(&ids).await;
-                info!(conn = conn.id, ?ids, "fence complete");
-                hs.fence_done(Ok(()));
+            ServerEvent::Fence {
+                ids,
+                export,
+                session,
+            } => {
+                let named: Vec<String> = ids.iter().map(ToString::to_string).collect();
+                info!(conn = %conn.id, ?named, %export, "fence requested");
+                match ctx.registry.fence_scoped(&ids, &export, session).await {
+                    Ok(()) => {
+                        info!(conn = %conn.id, ?named, "fence complete");
+                        hs.fence_done(Ok(()));
+                    }
+                    Err(why) => {
+                        warn!(
+                            conn = %conn.id,
+                            peer = %conn.peer,
+                            %export,
+                            ?named,
+                            "fence refused: {why}"
+                        );
+                        hs.fence_done(Err(format!("fence refused: {why}")));
+                    }
+                }
             }
             ServerEvent::StartTls => {
                 stream.write_all(&hs.take_output()).await?;
@@ -246,7 +265,7 @@ async fn handshake(
                 }
                 let acceptor = ctx.tls.clone().expect("StartTls only in TLS mode");
                 let tls = acceptor.accept(stream).await.map_err(ConnError::Tls)?;
-                debug!(conn = conn.id, "TLS established");
+                debug!(conn = %conn.id, "TLS established");
                 stream = Box::new(tls);
                 hs.tls_established();
             }
@@ -364,7 +383,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         buf.advance(REQUEST_HEADER_LEN);
         let req = Request::decode(&header)?;
         if req.command == Command::Disc {
-            debug!(conn = r.conn.id, "client disconnected");
+            debug!(conn = %r.conn.id, "client disconnected");
             return Ok(());
         }
         if let Err(errno) = req.validate(&r.negotiated) {
@@ -421,7 +440,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
 
 impl Reader {
     async fn refuse(&self, req: &Request, errno: Errno) {
-        debug!(conn = self.conn.id, ?req, %errno, "request refused");
+        debug!(conn = %self.conn.id, ?req, %errno, "request refused");
         self.conn
             .stats
             .errors
