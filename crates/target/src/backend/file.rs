@@ -42,13 +42,23 @@ impl FileBackend {
     /// The OS error from opening or sizing the file, with its path in the
     /// message.
     pub fn open(path: &Path, read_only: bool) -> io::Result<Self> {
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(!read_only)
-            .open(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        // A block device is claimed as it is opened (O_EXCL), a file by a
+        // lock right after (see lock.rs).
+        let device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let mut options = OpenOptions::new();
+        options.read(true).write(!read_only);
+        if device && !read_only {
+            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_EXCL);
+        }
+        let mut file = options.open(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBUSY) if device => super::lock::device_busy(path, &e),
+            _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })?;
         let meta = file.metadata()?;
         let block_device = meta.file_type().is_block_device();
+        if meta.is_file() {
+            super::lock::lock_file(&file, path, read_only)?;
+        }
         if !block_device && !meta.is_file() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -6,6 +6,7 @@
 //! ([`braid_proto::Request::validate`]) before any call reaches them.
 
 mod file;
+mod lock;
 
 use std::io;
 

@@ -1,0 +1,115 @@
+//! One writer per image (issue 16 point 5): a second `braid serve` of the
+//! same file is refused, braid and qemu refuse each other, read-only
+//! exports share, and a block device another program holds is refused.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{cmd, free_port, need_root, output, tool, ChildGuard, Serve};
+
+/// `braid serve ARGS` expected to fail at start; its stderr.
+fn refused(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(dir.path())
+            .arg("--control")
+            .arg(dir.path().join("ctl"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args),
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(1), "braid serve {args:?} was not refused");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn image(dir: &std::path::Path) -> String {
+    let p = dir.join("disk.img");
+    std::fs::write(&p, vec![0u8; 4 << 20]).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_second_writer_of_an_image_is_refused_and_readers_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path());
+    let first = Serve::start(&[&format!("vol={img}")]);
+    let err = refused(&[&format!("vol={img}")]);
+    assert!(err.contains("in use") && err.contains("disk.img"), "{err}");
+    // A read-only export cannot join a writer either.
+    let err = refused(&["--read-only", &format!("vol={img}")]);
+    assert!(err.contains("in use"), "{err}");
+    drop(first);
+    // Readers share.
+    let _r1 = Serve::start(&["--read-only", &format!("vol={img}")]);
+    let _r2 = Serve::start(&["--read-only-export", "vol", &format!("vol={img}")]);
+    let err = refused(&[&format!("vol={img}")]);
+    assert!(err.contains("in use"), "{err}");
+}
+
+#[test]
+fn braid_and_qemu_refuse_each_other() {
+    if !tool("qemu-io") || !tool("qemu-nbd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path());
+    {
+        let _serve = Serve::start(&[&format!("vol={img}")]);
+        let out = output(
+            cmd("qemu-io").args(["-f", "raw", "-c", "write 0 4k", &img]),
+            Duration::from_secs(20),
+        );
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && said.contains("lock"),
+            "qemu-io wrote an image braid serves: {said}"
+        );
+    }
+    let port = free_port();
+    let mut nbd = ChildGuard::spawn(
+        cmd("qemu-nbd")
+            .args(["-f", "raw", "-p", &port.to_string(), "-b", "127.0.0.1", &img])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null()),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "qemu-nbd did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let err = refused(&[&format!("vol={img}")]);
+    assert!(err.contains("in use"), "{err}");
+    assert!(nbd.wait(Duration::ZERO).is_none(), "qemu-nbd kept running");
+}
+
+/// A loop device over a file, detached when dropped.
+struct Loop(String);
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.0]).status();
+    }
+}
+
+#[test]
+fn a_block_device_held_by_another_writer_is_refused() {
+    if !need_root() || !tool("losetup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = image(dir.path());
+    let out = output(
+        Command::new("losetup").args(["--find", "--show", &img]),
+        Duration::from_secs(20),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let _first = Serve::start(&[&format!("vol={}", dev.0)]);
+    let err = refused(&[&format!("vol={}", dev.0)]);
+    assert!(err.contains("in use") && err.contains(&dev.0), "{err}");
+}
