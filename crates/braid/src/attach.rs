@@ -438,6 +438,9 @@ pub fn volume_status(a: &Attached, rates: &Rates) -> ctl::VolumeStatus {
         size: info.size,
         policy: report.policy,
         fencing: info.fencing,
+        replay: report.replay.available,
+        replay_window_bytes: report.replay.window_bytes,
+        replays: report.replay.replays,
         paths,
     }
 }

@@ -314,6 +314,12 @@ pub struct MultipathArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub connections_per_path: usize,
 
+    /// Writes acknowledged since the last FLUSH kept to give a restarted
+    /// target again (one that may have lost them); past it, a restart makes
+    /// the next FLUSH fail with EIO instead
+    #[arg(long, value_name = "SIZE", default_value = "256MiB")]
+    pub replay_window: String,
+
     /// CA certificate (PEM) that signed the target's certificate; turns
     /// TLS on (nbds:// URIs need it)
     #[arg(long, value_name = "FILE")]

@@ -81,6 +81,8 @@ pub struct AttachVolume {
     #[serde(default)]
     pub locals: Vec<String>,
     pub connections_per_path: Option<usize>,
+    /// As --replay-window (e.g. "256MiB").
+    pub replay_window: Option<String>,
     /// Seconds, or "queue".
     pub no_path_timeout: Option<toml::Value>,
     pub timeout_floor: Option<f64>,
@@ -142,6 +144,10 @@ impl AttachVolume {
             paths,
             policy,
             connections_per_path: self.connections_per_path.unwrap_or(1),
+            replay_window: self
+                .replay_window
+                .clone()
+                .unwrap_or_else(|| "256MiB".into()),
             no_path_timeout,
             timeout_floor: self.timeout_floor.unwrap_or(0.5),
             timeout_ceiling: self.timeout_ceiling.unwrap_or(10.0),

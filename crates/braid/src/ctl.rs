@@ -97,6 +97,13 @@ pub struct VolumeStatus {
     pub policy: String,
     /// The target fences failed paths' connections.
     pub fencing: bool,
+    /// The target says which process answers, so a restart is seen and
+    /// the writes it may have lost are given back.
+    pub replay: bool,
+    /// Bytes acknowledged since the last FLUSH, kept for replay.
+    pub replay_window_bytes: u64,
+    /// Times a restarted target was given the window again.
+    pub replays: u64,
     pub paths: Vec<PathStatus>,
 }
 

@@ -183,6 +183,7 @@ fn report_step(
         policy: after.policy.clone(),
         uptime: after.uptime,
         counters: after.counters.clone(),
+        replay: after.replay.clone(),
         paths: after
             .paths
             .iter()

@@ -36,6 +36,8 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         return Err(usage("--connections-per-path must be at least 1"));
     }
     cfg.connections_per_path = Some(args.connections_per_path);
+    cfg.replay_window = braid_target::source::parse_size(&args.replay_window)
+        .map_err(|e| usage(format!("--replay-window {:?}: {e}", args.replay_window)))?;
     cfg.no_path_timeout = match args.no_path_timeout.as_str() {
         "queue" => None,
         s => Some(Duration::from_secs_f64(

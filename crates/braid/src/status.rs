@@ -127,7 +127,7 @@ pub fn render(s: &Status) -> String {
 
 fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
     out.push_str(&format!(
-        "{} ({}) size {} policy {}\n  identity {}, socket {}, braid attach pid {pid}{}\n",
+        "{} ({}) size {} policy {}\n  identity {}, socket {}, braid attach pid {pid}{}{}\n",
         vol.name,
         vol.uri,
         format_size(vol.size),
@@ -137,6 +137,12 @@ fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
             .unwrap_or("unknown (plain NBD server)"),
         vol.socket,
         if vol.fencing { "" } else { ", no fencing" },
+        if vol.replay {
+            ""
+        } else {
+            ", no replay (the target does not say when it restarts: writes acknowledged \
+             but never flushed can be lost with it)"
+        },
     ));
     for (i, p) in vol.paths.iter().enumerate() {
         let last = i + 1 == vol.paths.len();

@@ -23,7 +23,11 @@ fn refused(args: &[&str]) -> String {
             .args(args),
         Duration::from_secs(20),
     );
-    assert_eq!(out.status.code(), Some(1), "braid serve {args:?} was not refused");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "braid serve {args:?} was not refused"
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -73,13 +77,24 @@ fn braid_and_qemu_refuse_each_other() {
     let port = free_port();
     let mut nbd = ChildGuard::spawn(
         cmd("qemu-nbd")
-            .args(["-f", "raw", "-p", &port.to_string(), "-b", "127.0.0.1", &img])
+            .args([
+                "-f",
+                "raw",
+                "-p",
+                &port.to_string(),
+                "-b",
+                "127.0.0.1",
+                &img,
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null()),
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "qemu-nbd did not start");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "qemu-nbd did not start"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let err = refused(&[&format!("vol={img}")]);
@@ -107,7 +122,11 @@ fn a_block_device_held_by_another_writer_is_refused() {
         Command::new("losetup").args(["--find", "--show", &img]),
         Duration::from_secs(20),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned());
     let _first = Serve::start(&[&format!("vol={}", dev.0)]);
     let err = refused(&[&format!("vol={}", dev.0)]);

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use braid_proto::braid_ns::{BraidContext, ConnId, SessionToken};
+use braid_proto::braid_ns::{BraidContext, ConnId, InstanceId, SessionToken};
 use braid_proto::{ClientConfig, ExportDetails, Finish};
 
 use crate::conn::{self, ConnectError, Local, Negotiated, TlsClient};
@@ -45,6 +45,8 @@ pub struct Discovery {
     pub portals: Vec<SocketAddr>,
     /// The target answered in the `x-braid:` namespace (and so fences).
     pub braid: bool,
+    /// `x-braid:instance`: the target process answering.
+    pub instance: Option<InstanceId>,
 }
 
 /// One path: where it leaves from and which portal it goes to.
@@ -87,9 +89,11 @@ pub async fn discover(
     })?;
     let mut identity = None;
     let mut portals = Vec::new();
+    let mut instance = None;
     for name in &n.outcome.listed {
         match BraidContext::parse(name) {
             Some(BraidContext::Volume(Some(v))) => identity = Some(v),
+            Some(BraidContext::Instance(Some(i))) => instance = Some(i),
             Some(BraidContext::Portal(Some(p))) => {
                 if let Ok(a) = p.parse::<SocketAddr>() {
                     portals.push(a);
@@ -103,6 +107,7 @@ pub async fn discover(
         identity,
         portals,
         braid: n.outcome.listed.iter().any(|l| l.starts_with("x-braid:")),
+        instance,
     })
 }
 
@@ -232,6 +237,8 @@ pub struct PathConn {
     pub server_id: Option<ConnId>,
     /// Context id of `base:allocation`, when selected.
     pub allocation: Option<u32>,
+    /// The target process that answered (`x-braid:instance`).
+    pub instance: Option<InstanceId>,
 }
 
 /// Connects one connection of `path` and checks it serves the same volume.
@@ -250,6 +257,7 @@ pub async fn connect_path(
             BraidContext::Session(expect.session).name(),
             "x-braid:conn".into(),
             "x-braid:volume".into(),
+            "x-braid:instance".into(),
         ],
         set_contexts: vec![braid_proto::server::BASE_ALLOCATION.into()],
         ..ClientConfig::go(expect.export.clone())
@@ -269,10 +277,12 @@ pub async fn connect_path(
         .ok_or_else(|| ConnectError::Other(format!("{}: no export details", path.portal)))?;
     let mut identity = None;
     let mut server_id = None;
+    let mut instance = None;
     for name in &n.outcome.listed {
         match BraidContext::parse(name) {
             Some(BraidContext::Volume(Some(v))) => identity = Some(v),
             Some(BraidContext::Conn(Some(id))) => server_id = Some(id),
+            Some(BraidContext::Instance(Some(i))) => instance = Some(i),
             _ => {}
         }
     }
@@ -304,6 +314,7 @@ pub async fn connect_path(
         negotiated: n,
         server_id,
         allocation,
+        instance,
     })
 }
 

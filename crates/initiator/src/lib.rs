@@ -19,5 +19,6 @@ pub use engine::{IoError, Op};
 pub use pathrule::{PathAttrs, PathRule};
 pub use uri::{Endpoint, NbdUri};
 pub use volume::{
-    Done, OpenError, PathFigures, PolicyError, Volume, VolumeConfig, VolumeInfo, VolumeReport,
+    Done, OpenError, PathFigures, PolicyError, ReplayReport, Volume, VolumeConfig, VolumeInfo,
+    VolumeReport,
 };

@@ -8,11 +8,12 @@
 //! | `x-braid:portal=<addr>:<port>` | one address the target serves on |
 //! | `x-braid:conn=<id>` | the id of the connection that asked (32 hex digits) |
 //! | `x-braid:session=<token>` | the initiator session the connection belongs to (32 hex digits) |
+//! | `x-braid:instance=<id>` | the target process: new at each start (32 hex digits) |
 //! | `x-braid:fence=<id>,<id>...` | close those connections and drain them |
 //!
-//! Queries: `x-braid:` lists volume, portals and conn; `x-braid:volume`,
-//! `x-braid:portal` and `x-braid:conn` (with or without a trailing `=`)
-//! list one kind; `x-braid:session=<token>` presents the connection's
+//! Queries: `x-braid:` lists volume, portals, conn and instance;
+//! `x-braid:volume`, `x-braid:portal`, `x-braid:conn` and
+//! `x-braid:instance` (with or without a trailing `=`) list one kind; `x-braid:session=<token>` presents the connection's
 //! session token, which the server lists back; `x-braid:fence=...`
 //! performs a fence and answers with the same name once it has completed.
 //!
@@ -32,6 +33,18 @@ pub const NAMESPACE: &str = "x-braid:";
 /// The target's id of one connection: 128 random bits, unguessable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnId(pub u128);
+
+/// A target process's instance: random at each start. A path that comes
+/// back to another instance reached a server that may have lost writes it
+/// acknowledged but never flushed (NFS's write verifier, in NBD terms).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InstanceId(pub u128);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
 
 /// An initiator session's token, presented on each of its connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -69,6 +82,7 @@ pub enum BraidContext {
     Conn(Option<ConnId>),
     /// The session token a connection presents.
     Session(SessionToken),
+    Instance(Option<InstanceId>),
     /// Connection ids to fence; never empty.
     Fence(Vec<ConnId>),
 }
@@ -93,6 +107,10 @@ impl BraidContext {
                 Some(v) => hex128(v).map(|id| Self::Conn(Some(ConnId(id)))),
             },
             "session" => hex128(value?).map(|t| Self::Session(SessionToken(t))),
+            "instance" => match value {
+                None => Some(Self::Instance(None)),
+                Some(v) => hex128(v).map(|id| Self::Instance(Some(InstanceId(id)))),
+            },
             "fence" => {
                 let ids = value?
                     .split(',')
@@ -115,6 +133,10 @@ impl BraidContext {
                 None => format!("{NAMESPACE}conn="),
             },
             Self::Session(t) => format!("{NAMESPACE}session={t}"),
+            Self::Instance(i) => match i {
+                Some(id) => format!("{NAMESPACE}instance={id}"),
+                None => format!("{NAMESPACE}instance="),
+            },
             Self::Fence(ids) => {
                 let list: Vec<String> = ids.iter().map(ConnId::to_string).collect();
                 format!("{NAMESPACE}fence={}", list.join(","))
@@ -193,6 +215,7 @@ mod tests {
             BraidContext::Portal(Some("10.0.0.1:10809".into())),
             BraidContext::Conn(Some(ConnId(u128::MAX))),
             BraidContext::Session(SessionToken(7)),
+            BraidContext::Instance(Some(InstanceId(9))),
             BraidContext::Fence(vec![ConnId(4), ConnId(u128::MAX - 1)]),
         ] {
             assert_eq!(BraidContext::parse(&c.name()), Some(c));

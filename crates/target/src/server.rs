@@ -140,6 +140,7 @@ impl Target {
             budget: Arc::new(tokio::sync::Semaphore::new(
                 self.limits.max_total_bytes.div_ceil(4096),
             )),
+            instance: braid_proto::braid_ns::InstanceId(uuid::Uuid::new_v4().as_u128()),
         };
         let mut accepting = JoinSet::new();
         for (name, listener) in self.listeners {

@@ -154,6 +154,14 @@ impl Collector for AttachCollector {
             "Time from sending a user's request on the path to its reply (probes excluded)",
             &rows,
         )?;
+        let replay_rows = |read: fn(&braid_initiator::ReplayReport) -> u64| -> Vec<(Labels, u64)> {
+            reports
+                .iter()
+                .map(|(a, r)| (vec![("volume", a.name.clone())], read(&r.replay)))
+                .collect()
+        };
+        counters(&mut enc, "braid_volume_replays", "Times a restarted target was given the writes it acknowledged since the last FLUSH again", &replay_rows(|r| r.replays))?;
+        counters(&mut enc, "braid_volume_replay_lost_flushes", "FLUSHes failed because a restarted target may have lost writes the replay window could not hold", &replay_rows(|r| r.lost_flushes))?;
         for (name, help, read) in VOLUME_COUNTERS {
             let rows: Vec<(Labels, u64)> = reports
                 .iter()

@@ -28,12 +28,19 @@ pub struct Done {
     pub status: Vec<BlockStatus>,
 }
 
+#[derive(Debug)]
 pub(crate) struct Pending {
     pub op: Op,
+    pub offset: u64,
     pub len: u64,
+    pub flags: CmdFlags,
     pub write: Option<Bytes>,
     pub done: Done,
     pub tx: Option<oneshot::Sender<Result<Done, IoError>>>,
+    /// A write the driver sends again to a restarted target (no caller).
+    pub replay: bool,
+    /// For a FLUSH: the replay window's mark when it was sent.
+    pub flush_mark: u64,
 }
 
 pub(crate) struct PathIo {
@@ -54,6 +61,7 @@ pub(crate) struct Core {
     /// Bytes of READ data received per chunk, to catch short replies.
     pub received: HashMap<u64, u64>,
     pub warned_no_fencing: bool,
+    pub replay: super::replay::ReplayState,
 }
 
 /// Everything the volume's tasks share.
@@ -113,7 +121,7 @@ impl Core {
                         self.engine.path_failed(now, s.path, "connection gone");
                     }
                 }
-                Action::Complete { req, result } => self.complete(req, result),
+                Action::Complete { req, result } => self.complete(shared.now(), req, result),
                 Action::Close { path } => {
                     let p = &mut self.paths[path.0];
                     p.generation += 1;
@@ -145,10 +153,42 @@ impl Core {
         }
     }
 
-    fn complete(&mut self, req: ReqId, result: Result<(), IoError>) {
+    /// Hands a request to the engine, or, while a replay is under way,
+    /// keeps it until the replay is done (nothing new may land before the
+    /// restarted target has the acknowledged writes back).
+    pub fn start(&mut self, now: Duration, submit: crate::engine::Submit, mut p: Pending) {
+        if self.replay.replaying > 0 {
+            self.replay.deferred.push_back((submit, p));
+            return;
+        }
+        if p.op == Op::Flush {
+            p.flush_mark = self.replay.window.mark();
+        }
+        let id = self.engine.submit(now, submit);
+        self.reqs.insert(id.0, p);
+    }
+
+    fn complete(&mut self, now: Duration, req: ReqId, result: Result<(), IoError>) {
         let Some(mut p) = self.reqs.remove(&req.0) else {
             return;
         };
+        if p.replay {
+            self.replayed(now, result.is_ok());
+            return;
+        }
+        if self.replay.redo_flush.remove(&req.0) {
+            // Sent before the restart was seen: its answer covers nothing
+            // of the replay. Asked again, after it.
+            let submit = crate::engine::Submit {
+                op: Op::Flush,
+                offset: 0,
+                len: 0,
+                flags: p.flags,
+            };
+            self.start(now, submit, p);
+            return;
+        }
+        let result = self.account(&p, result);
         let result = result.and_then(|()| {
             let done = std::mem::take(&mut p.done);
             if p.op == Op::Read {
@@ -396,25 +436,24 @@ pub(crate) async fn submit(
     {
         let mut core = shared.lock();
         let now = shared.now();
-        let id = core.engine.submit(
-            now,
-            crate::engine::Submit {
-                op,
-                offset,
-                len,
-                flags,
-            },
-        );
-        core.reqs.insert(
-            id.0,
-            Pending {
-                op,
-                len,
-                write,
-                done: Done::default(),
-                tx: Some(tx),
-            },
-        );
+        let submit = crate::engine::Submit {
+            op,
+            offset,
+            len,
+            flags,
+        };
+        let pending = Pending {
+            op,
+            offset,
+            len,
+            flags,
+            write,
+            done: Done::default(),
+            tx: Some(tx),
+            replay: false,
+            flush_mark: 0,
+        };
+        core.start(now, submit, pending);
         core.act(shared);
     }
     rx.await.unwrap_or_else(|_| {

@@ -9,6 +9,7 @@
 mod admin;
 mod core;
 mod recover;
+mod replay;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -68,6 +69,9 @@ pub struct VolumeConfig {
     pub danger_no_fence: bool,
     /// TLS for every connection (required by `nbds://` URIs).
     pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    /// Bytes of writes acknowledged since the last FLUSH kept to give a
+    /// restarted target again (see `replay.rs`).
+    pub replay_window: u64,
 }
 
 impl VolumeConfig {
@@ -88,6 +92,7 @@ impl VolumeConfig {
             chunk: None,
             danger_no_fence: false,
             tls: None,
+            replay_window: 256 << 20,
         }
     }
 }
@@ -144,12 +149,30 @@ pub struct PathFigures {
     pub figures: PathReport,
 }
 
+/// The replay window's state (see `replay.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// The target says which process answers (`x-braid:instance`), so a
+    /// restart is seen and replayed; a plain NBD server does not.
+    pub available: bool,
+    /// Bytes acknowledged since the last FLUSH and kept for replay.
+    pub window_bytes: u64,
+    /// More was acknowledged since the last FLUSH than the window holds.
+    pub overflowed: bool,
+    /// Times a restarted target was given the window again.
+    pub replays: u64,
+    /// FLUSHes failed because a restarted target may have lost writes that
+    /// could not be given back.
+    pub lost_flushes: u64,
+}
+
 /// A snapshot of the volume's figures.
 #[derive(Clone, Debug)]
 pub struct VolumeReport {
     pub policy: String,
     pub paths: Vec<PathFigures>,
     pub counters: crate::engine::VolumeCounters,
+    pub replay: ReplayReport,
     /// Time since the volume was opened.
     pub uptime: Duration,
 }
@@ -318,6 +341,12 @@ impl Volume {
                 paths,
                 received: Default::default(),
                 warned_no_fencing: false,
+                replay: replay::ReplayState {
+                    window: replay::ReplayWindow::new(cfg.replay_window),
+                    instance: d.instance,
+                    available: d.instance.is_some(),
+                    ..Default::default()
+                },
             }),
             epoch,
             settings,
@@ -494,6 +523,13 @@ impl Volume {
             policy: core.engine.policy_name().to_owned(),
             paths,
             counters: core.engine.volume_counters().clone(),
+            replay: ReplayReport {
+                available: core.replay.available,
+                window_bytes: core.replay.window.bytes(),
+                overflowed: core.replay.window.overflowed(),
+                replays: core.replay.replays,
+                lost_flushes: core.replay.lost_flushes,
+            },
             uptime: now,
         }
     }

@@ -126,6 +126,12 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
     let mut handles = Vec::new();
     let mut ids = Vec::new();
     let mut allocation = Vec::new();
+    let now = shared.now();
+    // Before the path carries anything: a restarted target gets the
+    // writes it may have lost first.
+    for c in &conns {
+        core.saw_instance(now, c.instance);
+    }
     for c in conns {
         let sink = Arc::new(ConnSink {
             shared: Arc::downgrade(shared),

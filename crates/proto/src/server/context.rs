@@ -149,12 +149,20 @@ impl ServerHandshake {
             .iter()
             .map(|p| BraidContext::Portal(Some(p.clone())).name());
         let conn = std::iter::once(BraidContext::Conn(Some(self.cfg.conn_id)).name());
+        let instance = self
+            .cfg
+            .instance
+            .map(|i| BraidContext::Instance(Some(i)).name());
         let names: Vec<String> = match parsed {
-            BraidContext::All => volume.chain(portals).chain(conn).collect(),
+            BraidContext::All => volume.chain(portals).chain(conn).chain(instance).collect(),
             BraidContext::Volume(None) => volume.collect(),
             BraidContext::Portal(None) => portals.collect(),
             BraidContext::Conn(None) => conn.collect(),
-            exact => return self.exact(exact, volume.chain(portals).chain(conn).collect()),
+            BraidContext::Instance(None) => instance.into_iter().collect(),
+            exact => {
+                let all = volume.chain(portals).chain(conn).chain(instance).collect();
+                return self.exact(exact, all);
+            }
         };
         if listing {
             names

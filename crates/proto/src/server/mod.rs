@@ -11,7 +11,7 @@
 
 use bytes::{Buf, BytesMut};
 
-use crate::braid_ns::{ConnId, SessionToken};
+use crate::braid_ns::{ConnId, InstanceId, SessionToken};
 use crate::option::{encode_error, encode_reply, GoData, Info, OptionHeader, ServerEntry};
 use crate::request::Negotiated;
 use crate::wire::{
@@ -80,6 +80,8 @@ pub struct ServerConfig {
     pub conn_id: ConnId,
     /// Every portal of the target, as `addr:port`.
     pub portals: Vec<String>,
+    /// The serving process's instance, reported as `x-braid:instance`.
+    pub instance: Option<InstanceId>,
     pub tls: TlsMode,
     /// Option data larger than this is refused with `ERR_TOO_BIG`.
     pub max_option_len: u32,
@@ -90,6 +92,7 @@ impl Default for ServerConfig {
         Self {
             conn_id: ConnId(0),
             portals: Vec::new(),
+            instance: None,
             tls: TlsMode::Off,
             max_option_len: 64 * 1024,
         }

@@ -25,7 +25,11 @@ use std::path::Path;
 /// Another process holds a conflicting lock (the message says who, as far
 /// as the kernel tells, and what to do), or the file system refuses locks.
 pub fn lock_file(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
-    let kind = if read_only { libc::F_RDLCK } else { libc::F_WRLCK };
+    let kind = if read_only {
+        libc::F_RDLCK
+    } else {
+        libc::F_WRLCK
+    };
     let mut fl = whole_file(kind);
     // SAFETY: fcntl with F_OFD_SETLK reads the flock we pass, which lives
     // for the call.
@@ -46,7 +50,11 @@ pub fn lock_file(file: &File, path: &Path, read_only: bool) -> io::Result<()> {
             "{} is in use by another program that {} (held {}); stop it first, or serve the \
              export read-only (--read-only, --read-only-export) if both only read",
             path.display(),
-            if read_only { "writes it" } else { "has it open" },
+            if read_only {
+                "writes it"
+            } else {
+                "has it open"
+            },
             holder(file)
         ),
     ))
@@ -70,7 +78,9 @@ fn holder(file: &File) -> String {
         let name = std::fs::read_to_string(format!("/proc/{}/comm", fl.l_pid)).unwrap_or_default();
         format!("{what} by pid {} {}", fl.l_pid, name.trim())
     } else {
-        format!("{what}, as braid and qemu take; `fuser -v` or `lsof` on the file names the process")
+        format!(
+            "{what}, as braid and qemu take; `fuser -v` or `lsof` on the file names the process"
+        )
     }
 }
 
@@ -112,11 +122,17 @@ mod tests {
         let e = lock_file(&b, &p, false).unwrap_err();
         assert!(e.to_string().contains("in use"), "{e}");
         assert!(e.to_string().contains("write lock"), "{e}");
-        assert!(lock_file(&b, &p, true).is_err(), "no reader beside a writer");
+        assert!(
+            lock_file(&b, &p, true).is_err(),
+            "no reader beside a writer"
+        );
         drop(a);
         let (r1, r2) = (open(), open());
         lock_file(&r1, &p, true).unwrap();
         lock_file(&r2, &p, true).unwrap();
-        assert!(lock_file(&b, &p, false).is_err(), "no writer beside readers");
+        assert!(
+            lock_file(&b, &p, false).is_err(),
+            "no writer beside readers"
+        );
     }
 }

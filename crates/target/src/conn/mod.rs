@@ -132,6 +132,10 @@ pub(crate) struct ConnCtx {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     /// Payload bytes in flight on the whole server, in 4 KiB units.
     pub budget: Arc<Semaphore>,
+    /// This process's instance (`x-braid:instance`): random at each start,
+    /// so an initiator whose path comes back can tell a restarted target
+    /// (which may have lost unflushed writes) from the same one.
+    pub instance: braid_proto::braid_ns::InstanceId,
 }
 
 /// Serves one connection to its end, then removes it from the registry.
@@ -189,6 +193,7 @@ async fn handshake(
     let mut hs = ServerHandshake::new(ServerConfig {
         conn_id: conn.id,
         portals: ctx.portals.as_ref().clone(),
+        instance: Some(ctx.instance),
         tls: if ctx.tls.is_some() {
             TlsMode::Required
         } else {

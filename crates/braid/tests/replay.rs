@@ -1,0 +1,138 @@
+//! A restarted target may have lost what it acknowledged and never flushed
+//! (a power cut, a crash of its host). `braid serve` says which process
+//! answers (`x-braid:instance`); when a path comes back to another one, the
+//! initiator writes its window of unflushed writes again before anything
+//! else, so the next FLUSH covers them. A memory volume models the power
+//! cut exactly: a killed and restarted server starts with zeroes.
+
+mod common;
+mod labkit;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{cmd, free_port, nbdsh, run, signal, tool, Serve};
+use labkit::{braid_bin, Attach};
+
+const VOLUME_ID: &str = "0b6f4c1e-2d7a-4c52-9e1b-7f3a5d9c8e21";
+
+fn serve(port: u16) -> Serve {
+    Serve::start(&[
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--volume-id",
+        &format!("vol={VOLUME_ID}"),
+        "vol=mem:16MiB",
+    ])
+}
+
+/// Runs `body` under nbdsh connected to the attach's socket.
+fn through_attach(attach: &Attach, body: &str) -> String {
+    nbdsh(&format!(
+        "h.connect_uri({:?})\n{body}\nh.shutdown()\n",
+        attach.uri()
+    ))
+}
+
+#[test]
+fn unflushed_writes_come_back_after_the_target_restarts() {
+    if !tool("nbdsh") {
+        return;
+    }
+    let port = free_port();
+    let mut first = serve(port);
+    let attach = Attach::start(None, &first.uri("vol"), "vol", &["--no-path-timeout", "60"]);
+    // Acknowledged, never flushed.
+    through_attach(
+        &attach,
+        "for i in range(4):\n    h.pwrite(bytes([17 + i]) * (1 << 20), i * (1 << 20))",
+    );
+    assert!(attach.status()["replay_window_bytes"].as_u64().unwrap() >= 4 << 20);
+
+    // Power cut: the process and everything it had not flushed are gone.
+    signal(first.pid(), libc::SIGKILL);
+    first.stop();
+    let _second = serve(port);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = attach.status();
+        if v["replays"].as_u64() == Some(1) && v["paths"][0]["state"] == "active" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replay: {v}\n{}",
+            attach.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = through_attach(
+        &attach,
+        "h.flush()\nok = all(h.pread(1 << 20, i * (1 << 20)) == bytes([17 + i]) * (1 << 20) for i in range(4))\nprint('INTACT' if ok else 'LOST')",
+    );
+    assert!(
+        out.contains("INTACT"),
+        "acknowledged writes lost: {out}\n{}",
+        attach.log()
+    );
+    assert!(
+        attach.log().contains("the target restarted"),
+        "{}",
+        attach.log()
+    );
+}
+
+#[test]
+fn a_restart_past_the_window_makes_the_next_flush_fail_not_lie() {
+    if !tool("nbdsh") {
+        return;
+    }
+    let port = free_port();
+    let mut first = serve(port);
+    let attach = Attach::start(None, &first.uri("vol"), "vol", &["--replay-window", "1MiB"]);
+    through_attach(
+        &attach,
+        "for i in range(4):\n    h.pwrite(bytes([17 + i]) * (1 << 20), i * (1 << 20))",
+    );
+    signal(first.pid(), libc::SIGKILL);
+    first.stop();
+    let _second = serve(port);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while attach.status()["replays"].as_u64() != Some(1) {
+        assert!(Instant::now() < deadline, "the restart was not seen");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = through_attach(
+        &attach,
+        "try:\n    h.flush()\n    print('FLUSHED')\nexcept nbd.Error as e:\n    print('FAILED', e)\nh.flush()\nprint('THEN FLUSHED')",
+    );
+    assert!(out.contains("FAILED"), "the flush after a lossy restart succeeded: {out}");
+    assert!(out.contains("THEN FLUSHED"), "only the next FLUSH fails: {out}");
+}
+
+#[test]
+fn status_says_replay_is_unavailable_against_a_plain_server() {
+    if !tool("nbdkit") {
+        return;
+    }
+    let port = free_port();
+    let mut kit = common::ChildGuard::spawn(
+        cmd("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "-i", "127.0.0.1"])
+            .args(["-p", &port.to_string(), "memory", "16M"]),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let attach = Attach::start(None, &format!("nbd://127.0.0.1:{port}"), "vol", &[]);
+    assert_eq!(attach.status()["replay"], false);
+    let out = run(Command::new(braid_bin())
+        .args(["status", "--control"])
+        .arg(&attach.control));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no replay"), "{text}");
+    assert!(kit.wait(Duration::ZERO).is_none());
+}
