@@ -217,6 +217,18 @@ fn read_tree(root: &Path, names: &BTreeMap<String, String>) -> BTreeMap<String, 
         .collect()
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
     if !braid_lab::require_or_skip("filesystem_on_a_multipath_volume")
@@ -280,6 +292,14 @@ fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
     assert_eq!(again, sums, "files differ after detach and re-attach");
 }
 
+#[cfg_attr(
+    braid_skip = "qemu-img",
+    ignore = "needs qemu-img: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "fio",
+    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn qemu_img_and_fio_work_through_the_attach_socket() {
     if !tool("qemu-img") || !tool("fio") {
@@ -425,6 +445,10 @@ fn scrape(addr: &str) -> String {
     out
 }
 
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn status_and_metrics_add_up_to_the_traffic_sent() {
     if !tool("nbdcopy") {

@@ -68,6 +68,14 @@ fn io_carries_on(attach: &Attach, seed: u64) {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn only_the_owner_of_a_connection_can_fence_it() {
     if !tool("nbdsh") || !tool("nbdcopy") {

@@ -88,6 +88,10 @@ impl Drop for Ramfs {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
 #[test]
 fn without_extended_attributes_the_identity_follows_the_inode() {
     if !need_root() {

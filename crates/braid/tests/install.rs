@@ -35,6 +35,10 @@ fn install_into(dir: &Path) {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "man",
+    ignore = "needs man: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn install_step_gives_man_pages_completions_units_and_config() {
     if !tool("man") {
@@ -90,6 +94,18 @@ fn install_step_gives_man_pages_completions_units_and_config() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "systemd-analyze",
+    ignore = "needs systemd-analyze: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "man",
+    ignore = "needs man: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "nbd-client",
+    ignore = "needs nbd-client: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn every_contrib_unit_passes_systemd_analyze_verify() {
     if !tool("systemd-analyze") || !tool("man") || !tool("nbd-client") {

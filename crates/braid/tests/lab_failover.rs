@@ -115,6 +115,18 @@ fn cut_and_restore(how: Cut) {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn link_down_for_three_seconds_costs_no_io_error() {
     if braid_lab::require_or_skip("link_down_for_three_seconds_costs_no_io_error") {
@@ -122,6 +134,18 @@ fn link_down_for_three_seconds_costs_no_io_error() {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn silent_blackhole_for_three_seconds_costs_no_io_error() {
     if braid_lab::require_or_skip("silent_blackhole_for_three_seconds_costs_no_io_error") {
@@ -166,6 +190,18 @@ fn all_paths_cut(outage: Duration, no_path: Duration) -> (failkit::RunLog, Lab, 
     (log, lab, uri, serve)
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn all_paths_cut_shorter_than_the_no_path_timeout_resumes_without_error() {
     if !braid_lab::require_or_skip("all_paths_cut_shorter_than_the_no_path_timeout") {
@@ -183,6 +219,18 @@ fn all_paths_cut_shorter_than_the_no_path_timeout_resumes_without_error() {
     assert!(after > 0, "no I/O completed after the paths came back");
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn all_paths_cut_longer_than_the_no_path_timeout_fails_cleanly_and_keeps_acknowledged_data() {
     if !braid_lab::require_or_skip("all_paths_cut_longer_than_the_no_path_timeout") {
@@ -318,6 +366,18 @@ fn stale_write(fencing: bool) -> u64 {
     })
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn fencing_keeps_a_held_stale_write_from_landing_after_a_newer_one() {
     if !braid_lab::require_or_skip("fencing_keeps_a_held_stale_write") {
@@ -331,6 +391,18 @@ fn fencing_keeps_a_held_stale_write_from_landing_after_a_newer_one() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn without_fencing_the_held_stale_write_lands() {
     if !braid_lab::require_or_skip("without_fencing_the_held_stale_write_lands") {
@@ -346,6 +418,18 @@ fn without_fencing_the_held_stale_write_lands() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn a_path_flapping_every_half_second_costs_no_error_and_leaks_nothing() {
     if !braid_lab::require_or_skip("a_path_flapping_every_half_second") {

@@ -27,6 +27,18 @@ fn ip(lab: &Lab, args: &[&str]) {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn listen_all_leaves_out_what_clients_cannot_reach() {
     if !braid_lab::require_or_skip("listen_all_leaves_out_what_clients_cannot_reach") {

@@ -76,6 +76,14 @@ fn bucket_sets(samples: &[Sample]) -> BTreeMap<String, Vec<String>> {
     sets
 }
 
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "python3",
+    ignore = "needs python3: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn scrapes_parse_have_fixed_buckets_and_add_up_to_the_traffic() {
     if !tool("nbdcopy") || !tool("python3") {
@@ -249,6 +257,10 @@ fn metric_names(q: &str) -> Vec<String> {
     out
 }
 
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn status_latency_is_recent_and_leaves_probes_out() {
     if !tool("nbdcopy") {

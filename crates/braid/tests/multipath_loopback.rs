@@ -210,6 +210,10 @@ fn nbdkit_file(ip: &str, file: &Path) -> (ChildGuard, SocketAddr) {
     (guard, addr)
 }
 
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn plain_nbd_server_with_explicit_portals() {
     if !tool("nbdkit") {

@@ -34,6 +34,10 @@ fn through_attach(attach: &Attach, body: &str) -> String {
     ))
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn unflushed_writes_come_back_after_the_target_restarts() {
     if !tool("nbdsh") {
@@ -83,6 +87,10 @@ fn unflushed_writes_come_back_after_the_target_restarts() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn a_restart_past_the_window_makes_the_next_flush_fail_not_lie() {
     if !tool("nbdsh") {
@@ -107,10 +115,20 @@ fn a_restart_past_the_window_makes_the_next_flush_fail_not_lie() {
         &attach,
         "try:\n    h.flush()\n    print('FLUSHED')\nexcept nbd.Error as e:\n    print('FAILED', e)\nh.flush()\nprint('THEN FLUSHED')",
     );
-    assert!(out.contains("FAILED"), "the flush after a lossy restart succeeded: {out}");
-    assert!(out.contains("THEN FLUSHED"), "only the next FLUSH fails: {out}");
+    assert!(
+        out.contains("FAILED"),
+        "the flush after a lossy restart succeeded: {out}"
+    );
+    assert!(
+        out.contains("THEN FLUSHED"),
+        "only the next FLUSH fails: {out}"
+    );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn status_says_replay_is_unavailable_against_a_plain_server() {
     if !tool("nbdkit") {

@@ -31,6 +31,10 @@ fn contexts(export: &Value) -> Vec<String> {
         .collect()
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdinfo_json_reports_size_flags_block_sizes_and_braid_contexts() {
     if !common::tool("nbdinfo") {
@@ -68,6 +72,10 @@ fn nbdinfo_json_reports_size_flags_block_sizes_and_braid_contexts() {
     assert!(ctx.contains(&portal), "{portal} not in {ctx:?}");
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdinfo_list_shows_every_export_with_size_flags_and_braid_contexts() {
     if !common::tool("nbdinfo") {
@@ -110,6 +118,10 @@ fn nbdinfo_list_shows_every_export_with_size_flags_and_braid_contexts() {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdinfo_map_shows_data_between_holes_of_a_sparse_file() {
     if !common::tool("nbdinfo") {
@@ -143,6 +155,10 @@ fn nbdinfo_map_shows_data_between_holes_of_a_sparse_file() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdcopy_with_four_connections_round_trips_file_and_mem_exports() {
     if !common::tool("nbdcopy") {
@@ -214,6 +230,10 @@ fn unaligned_ops(size: usize, data_len: usize) -> Vec<Op> {
     ops
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdsh_unaligned_reads_and_writes_match_a_local_model() {
     if !common::tool("nbdsh") {
@@ -283,6 +303,10 @@ h.shutdown()
     );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdsh_trim_zero_flush_fua_cache_and_block_status_behave() {
     if !common::tool("nbdsh") {
@@ -367,6 +391,10 @@ impl Drop for Unmount<'_> {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdsh_zero_length_requests_leave_the_connection_usable() {
     if !common::tool("nbdsh") {
@@ -396,6 +424,18 @@ print('ok')
     assert_eq!(out.trim(), "ok");
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "nbdfuse",
+    ignore = "needs nbdfuse: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "fusermount3",
+    ignore = "needs fusermount3: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn nbdfuse_mount_reads_the_same_bytes_as_the_source_file() {
     if !common::tool("nbdfuse") || !common::tool("fusermount3") || !common::need_root() {
@@ -430,6 +470,10 @@ fn nbdfuse_mount_reads_the_same_bytes_as_the_source_file() {
     assert_eq!(sha256(&mnt.join("disk")), sha256(&src));
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn list_meta_context_for_the_braid_namespace_names_the_volume_and_every_portal() {
     if !common::tool("nbdsh") {

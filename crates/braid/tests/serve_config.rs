@@ -22,6 +22,10 @@ fn read_only(uri: &str) -> bool {
         .unwrap_or_else(|| panic!("no is_read_only in {text}"))
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn config_keys_set_per_export_read_only_and_limits() {
     if !tool("nbdinfo") {

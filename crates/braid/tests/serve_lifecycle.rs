@@ -43,6 +43,10 @@ print('ok')
     assert_eq!(out.trim(), "ok");
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn flush_on_one_connection_covers_writes_completed_on_another() {
     if !common::tool("nbdsh") {
@@ -69,6 +73,10 @@ fn flush_on_one_connection_covers_writes_completed_on_another() {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn read_only_serve_refuses_writes_with_eperm_and_serves_reads() {
     if !common::tool("nbdsh") {
@@ -122,6 +130,10 @@ fn volume_seen(serve: &Serve, export: &str) -> String {
         .unwrap_or_else(|| panic!("no x-braid:volume context in {j:#}"))
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn volume_identity_survives_restart_and_differs_between_files() {
     if !common::tool("nbdinfo") {
@@ -186,6 +198,14 @@ fn a_file_name_with_a_newline_does_not_break_the_identity_store() {
     second.logged_volume("plain");
 }
 
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn sigterm_with_a_client_connected_exits_0_and_keeps_its_writes() {
     if !common::tool("nbdsh") || !common::tool("nbdcopy") {

@@ -55,6 +55,14 @@ fn a_second_writer_of_an_image_is_refused_and_readers_share() {
     assert!(err.contains("in use"), "{err}");
 }
 
+#[cfg_attr(
+    braid_skip = "qemu-io",
+    ignore = "needs qemu-io: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "qemu-nbd",
+    ignore = "needs qemu-nbd: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn braid_and_qemu_refuse_each_other() {
     if !tool("qemu-io") || !tool("qemu-nbd") {
@@ -111,6 +119,14 @@ impl Drop for Loop {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "losetup",
+    ignore = "needs losetup: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn a_block_device_held_by_another_writer_is_refused() {
     if !need_root() || !tool("losetup") {

@@ -11,6 +11,10 @@ use serde_json::Value;
 
 const MIB: usize = 1 << 20;
 
+#[cfg_attr(
+    braid_skip = "qemu-img",
+    ignore = "needs qemu-img: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn qemu_img_convert_and_compare_round_trip() {
     if !common::tool("qemu-img") {
@@ -55,6 +59,10 @@ fn qemu_img_convert_and_compare_round_trip() {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "qemu-io",
+    ignore = "needs qemu-io: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn qemu_io_pattern_write_reads_back_and_a_wrong_pattern_fails() {
     if !common::tool("qemu-io") {
@@ -96,6 +104,10 @@ fn qemu_io_pattern_write_reads_back_and_a_wrong_pattern_fails() {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "fio",
+    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn fio_random_read_write_with_crc32c_verify_has_no_errors() {
     if !common::tool("fio") {

@@ -24,6 +24,10 @@ fn tmpfs_dir() -> Option<tempfile::TempDir> {
     None
 }
 
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn reads_from_a_memory_file_are_exact_with_every_client() {
     let Some(dir) = tmpfs_dir() else { return };

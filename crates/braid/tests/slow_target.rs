@@ -69,6 +69,10 @@ fn assert_no_path_failed(ok: bool, stdout: &str, stderr: &str) {
     );
 }
 
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn two_second_writes_on_both_portals_fail_no_path() {
     if !tool("nbdkit") {
@@ -90,6 +94,10 @@ fn two_second_writes_on_both_portals_fail_no_path() {
     assert_no_path_failed(ok, &out, &err);
 }
 
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn one_slow_server_beside_a_fast_one_fails_no_path() {
     if !tool("nbdkit") {
@@ -119,6 +127,22 @@ fn one_slow_server_beside_a_fast_one_fails_no_path() {
     assert_no_path_failed(ok, &out, &err);
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn a_blackholed_path_still_fails_fast_while_the_other_is_slow() {
     if !braid_lab::require_or_skip("a_blackholed_path_still_fails_fast_while_the_other_is_slow")

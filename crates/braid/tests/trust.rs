@@ -50,6 +50,14 @@ fn tls_serve(certs: &Path) -> Serve {
     ])
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn libnbd_clients_need_a_certificate_from_the_right_ca() {
     if !tool("nbdinfo") || !tool("nbdcopy") {
@@ -121,6 +129,10 @@ fn free_port() -> u16 {
         .port()
 }
 
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn the_initiator_reaches_nbdkit_with_tls_required() {
     if !tool("nbdkit") {
@@ -169,6 +181,10 @@ fn the_initiator_reaches_nbdkit_with_tls_required() {
     assert!(!out.status.success());
 }
 
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn an_address_outside_the_allow_list_is_refused_and_logged() {
     if !tool("nbdinfo") {

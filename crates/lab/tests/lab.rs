@@ -130,6 +130,18 @@ fn storage_port(lab: &Lab, index: usize, listener: &TcpListener) -> SocketAddr {
     ))
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn each_path_carries_its_own_traffic() {
     if !braid_lab::require_or_skip("each_path_carries_its_own_traffic") {
@@ -153,6 +165,18 @@ fn each_path_carries_its_own_traffic() {
     lab.down().unwrap();
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn link_down_fails_fast_and_restore_heals() {
     if !braid_lab::require_or_skip("link_down_fails_fast_and_restore_heals") {
@@ -200,6 +224,18 @@ fn link_down_fails_fast_and_restore_heals() {
     assert_carried_by(&lab, &before, 1);
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn blackhole_drops_silently_and_restore_heals() {
     if !braid_lab::require_or_skip("blackhole_drops_silently_and_restore_heals") {
@@ -273,6 +309,18 @@ fn blackhole_drops_silently_and_restore_heals() {
     lab.restore(2).unwrap();
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn same_subnet_routes_by_source_address() {
     if !braid_lab::require_or_skip("same_subnet_routes_by_source_address") {
@@ -315,6 +363,18 @@ fn same_subnet_routes_by_source_address() {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn flux_uses_one_veth_unless_bound_to_an_interface() {
     if !braid_lab::require_or_skip("flux_uses_one_veth_unless_bound_to_an_interface") {
@@ -344,6 +404,18 @@ fn flux_uses_one_veth_unless_bound_to_an_interface() {
     assert_carried_by(&lab, &before, 2);
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn spawn_output_and_enter_run_inside() {
     if !braid_lab::require_or_skip("spawn_output_and_enter_run_inside") {
@@ -383,6 +455,18 @@ fn spawn_output_and_enter_run_inside() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("tbf"));
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn drop_removes_namespaces_and_processes() {
     if !braid_lab::require_or_skip("drop_removes_namespaces_and_processes") {
@@ -431,6 +515,18 @@ impl Drop for FakeLeftover {
     }
 }
 
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
 #[test]
 fn up_removes_leftovers_of_dead_runs() {
     if !braid_lab::require_or_skip("up_removes_leftovers_of_dead_runs") {

@@ -2,7 +2,7 @@
 //! export's data, like a LUN's WWID.
 //!
 //! An identity travels with the data, never with the path it is served
-//! by ([`key::DataKey`]): a file keeps it in an extended attribute
+//! by (`key::DataKey`): a file keeps it in an extended attribute
 //! (`user.braid.volume`), so renaming the file keeps it and two files whose
 //! names are swapped each keep their own; where the file system keeps no
 //! extended attributes, the state directory keeps it under the file's
