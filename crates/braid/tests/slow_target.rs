@@ -213,3 +213,61 @@ fn a_blackholed_path_still_fails_fast_while_the_other_is_slow() {
         "only the blackholed path 2 should fail:\n{err}"
     );
 }
+
+/// nbdkit serving `file` with every FLUSH taking `secs` seconds (its eval
+/// plugin: the delay filter of Debian's nbdkit has no flush delay).
+fn nbdkit_slow_flush(file: &Path, port: u16, secs: u32) -> ChildGuard {
+    let f = file.display();
+    let mut cmd = Command::new("nbdkit");
+    cmd.args([
+        "--foreground",
+        "--exit-with-parent",
+        "-p",
+        &port.to_string(),
+        "eval",
+    ])
+    .arg(format!("get_size=stat -c %s {f}"))
+    .arg(format!(
+        "pread=dd if={f} skip=$4 count=$3 iflag=skip_bytes,count_bytes status=none"
+    ))
+    .arg(format!(
+        "pwrite=dd of={f} seek=$4 oflag=seek_bytes conv=notrunc status=none"
+    ))
+    .arg(format!("flush=sleep {secs}; sync {f}"))
+    .arg("can_write=exit 0")
+    .arg("can_flush=exit 0")
+    .arg("can_multi_conn=exit 0")
+    .arg("thread_model=echo parallel");
+    let guard = ChildGuard::spawn(cmd.stdin(Stdio::null()).stdout(Stdio::null()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nbdkit did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    guard
+}
+
+#[test]
+#[cfg_attr(
+    braid_skip = "nbdkit",
+    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
+)]
+fn a_flush_that_takes_seconds_fails_no_path() {
+    if !tool("nbdkit") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk.img");
+    std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
+    let port = free_port();
+    let _kit = nbdkit_slow_flush(&disk, port, 3);
+    let src = random_file(dir.path(), 8 << 20, 24);
+    let p1 = format!("127.0.0.1:{port}");
+    let p2 = format!("127.0.0.2:{port}");
+    let (ok, out, err) = copy(
+        &src,
+        &format!("nbd://{p1}"),
+        &["--portal", &p1, "--portal", &p2],
+    );
+    assert_no_path_failed(ok, &out, &err);
+}
