@@ -145,9 +145,39 @@ impl BraidContext {
     }
 }
 
+/// Whether a server's list answer confirms a fence of `ids`: it names the
+/// same set of connections, in whatever order (servers list them sorted).
+pub fn confirms_fence(listed: &[String], ids: &[ConnId]) -> bool {
+    let mut want = ids.to_vec();
+    want.sort_unstable();
+    want.dedup();
+    listed.iter().any(|name| match BraidContext::parse(name) {
+        Some(BraidContext::Fence(mut got)) => {
+            got.sort_unstable();
+            got.dedup();
+            got == want
+        }
+        _ => false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_is_confirmed_by_the_same_ids_in_any_order() {
+        let (a, b) = (ConnId(0xcf5a << 100), ConnId(0x01da << 100));
+        let listed = vec![
+            "x-braid:session=0000000000000000000000000000002a".to_owned(),
+            format!("x-braid:fence={b},{a}"),
+        ];
+        assert!(confirms_fence(&listed, &[a, b]), "asked unsorted");
+        assert!(confirms_fence(&listed, &[b, a, a]));
+        assert!(!confirms_fence(&listed, &[a]), "a subset is another fence");
+        assert!(!confirms_fence(&listed, &[a, b, ConnId(1)]));
+        assert!(!confirms_fence(&listed[..1], &[a, b]));
+    }
 
     #[test]
     fn parses_every_form() {

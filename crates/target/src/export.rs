@@ -64,6 +64,15 @@ impl Export {
         }
     }
 
+    /// Whether the export's storage failed a cache flush and fails every
+    /// FLUSH and FUA write since (see `backend/durable.rs`).
+    pub fn failed(&self) -> bool {
+        match &self.storage {
+            Storage::Local(b) => b.failed(),
+            Storage::Forwarded(_) => false,
+        }
+    }
+
     pub fn size(&self) -> u64 {
         match &self.storage {
             Storage::Local(b) => b.size(),

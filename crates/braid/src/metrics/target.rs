@@ -131,6 +131,23 @@ impl Collector for TargetCollector {
             "braid_export_size_bytes",
             "Size of the export",
             &sizes,
+        )?;
+        let failed: Vec<(Labels, f64)> = self
+            .exports
+            .iter()
+            .map(|e| {
+                (
+                    vec![("export", e.name.clone())],
+                    f64::from(u8::from(e.failed())),
+                )
+            })
+            .collect();
+        gauges(
+            &mut enc,
+            "braid_export_failed",
+            "1 once a cache flush of the export's storage failed: every FLUSH and FUA write \
+             fails with EIO until braid serve is restarted",
+            &failed,
         )
     }
 }

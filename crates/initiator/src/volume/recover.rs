@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_proto::braid_ns::{BraidContext, ConnId};
+use braid_proto::braid_ns::{self, BraidContext, ConnId};
 use braid_proto::{ClientConfig, Finish};
 use tracing::{debug, info};
 
@@ -158,7 +158,6 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
 /// engine no longer wants `fence`. Each failure runs its own: a newer
 /// failure of the same path neither ends nor completes this one.
 pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<ConnId>) {
-    let query = BraidContext::Fence(conns.clone()).name();
     let named: Vec<String> = conns.iter().map(ToString::to_string).collect();
     let mut delay = Duration::from_millis(50);
     loop {
@@ -181,7 +180,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
             v
         };
         for (_, spec) in candidates {
-            match fence_via(&shared, &spec, &query).await {
+            match fence_via(&shared, &spec, &conns).await {
                 Ok(()) => {
                     info!(path = path.0 + 1, fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
@@ -200,7 +199,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
 async fn fence_via(
     shared: &Arc<Shared>,
     spec: &discover::PathSpec,
-    query: &str,
+    conns: &[ConnId],
 ) -> Result<(), ConnectError> {
     let timeout = shared.settings.connect_timeout;
     let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
@@ -209,7 +208,7 @@ async fn fence_via(
         // checks it by the token.
         list_queries: vec![
             BraidContext::Session(shared.settings.expect.session).name(),
-            query.to_owned(),
+            BraidContext::Fence(conns.to_vec()).name(),
         ],
         finish: Finish::Abort,
         ..ClientConfig::go(shared.settings.expect.export.clone())
@@ -217,7 +216,7 @@ async fn fence_via(
     // The target answers only once the fence is complete: allow it time.
     let tls = shared.settings.expect.tls.as_ref();
     let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6, tls).await?;
-    if n.outcome.listed.iter().any(|l| l == query) {
+    if braid_ns::confirms_fence(&n.outcome.listed, conns) {
         Ok(())
     } else {
         Err(ConnectError::Other(format!(

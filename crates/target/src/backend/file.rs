@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use braid_proto::wire::state;
 
+use super::durable::Durability;
 use super::{Backend, Caps, Extent, ZeroError};
 
 /// At most this many extents per BLOCK_STATUS answer: the spec lets a
@@ -32,6 +33,7 @@ pub struct FileBackend {
     no_nowait: std::sync::atomic::AtomicBool,
     /// The file lives in memory (tmpfs, ramfs): calls never wait for a disk.
     in_memory: bool,
+    durability: Durability,
 }
 
 impl FileBackend {
@@ -77,6 +79,7 @@ impl FileBackend {
             rotational,
             no_nowait: std::sync::atomic::AtomicBool::new(false),
             in_memory,
+            durability: Durability::default(),
         })
     }
 
@@ -112,6 +115,7 @@ impl FileBackend {
             rotational: false,
             no_nowait: std::sync::atomic::AtomicBool::new(false),
             in_memory: true,
+            durability: Durability::default(),
         })
     }
 
@@ -281,13 +285,17 @@ impl Backend for FileBackend {
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         self.file.write_all_at(buf, offset)?;
         if fua {
-            self.file.sync_data()?;
+            self.durability.sync(&self.file, &self.path)?;
         }
         Ok(())
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.durability.sync(&self.file, &self.path)
+    }
+
+    fn failed(&self) -> bool {
+        self.durability.failed()
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
@@ -303,7 +311,7 @@ impl Backend for FileBackend {
             Err(e) => return Err(e),
         }
         if fua {
-            self.file.sync_data()?;
+            self.durability.sync(&self.file, &self.path)?;
         }
         Ok(())
     }
@@ -340,7 +348,7 @@ impl Backend for FileBackend {
             Err(e) => return Err(e.into()),
         }
         if fua {
-            self.file.sync_data()?;
+            self.durability.sync(&self.file, &self.path)?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! were checked against the export at the protocol edge
 //! ([`braid_proto::Request::validate`]) before any call reaches them.
 
+mod durable;
 mod file;
 mod lock;
 
@@ -85,6 +86,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ///
     /// The OS error.
     fn flush(&self) -> io::Result<()>;
+
+    /// Whether the backend can no longer promise durability (a cache
+    /// flush failed) until it is reopened.
+    fn failed(&self) -> bool {
+        false
+    }
 
     /// Discards a range if the backend can; a hint, so doing nothing is
     /// correct.

@@ -1,0 +1,128 @@
+//! Power loss on demand, for durability tests.
+//!
+//! [`PowerCut::mount`] puts one file on a FUSE mount. Writes to it land in
+//! a volatile cache and reach the "media" only when `fsync` or `fdatasync`
+//! asks; [`PowerCut::power_off`] drops everything that did not, keeping a
+//! chosen share of the dirty sectors (a write cut short keeps some sectors
+//! and not others, never half of one). The same idea as LazyFS and
+//! CrashMonkey, small enough to read in one sitting.
+//!
+//! Faults the tests also need: a cache flush that fails with EIO and, like
+//! Linux's, forgets the dirty data so the next one succeeds
+//! ([`PowerCut::fail_next_syncs`]); and one that takes seconds
+//! ([`PowerCut::delay_syncs`]).
+//!
+//! Mounting needs root (`mount(2)` on `/dev/fuse`).
+
+mod disk;
+mod fs;
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use disk::{Cut, SECTOR};
+
+use fs::{PowerCutFs, Shared};
+
+/// A mounted power-cut file system. Dropping it unmounts (lazily, so a
+/// process that still has the file open cannot keep the test from ending).
+pub struct PowerCut {
+    shared: Arc<Shared>,
+    session: Option<fuser::BackgroundSession>,
+    mountpoint: PathBuf,
+    file: PathBuf,
+}
+
+/// Counters of cache flushes, for a test to check its fault was reached.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Syncs {
+    pub done: u64,
+    pub failed: u64,
+}
+
+impl PowerCut {
+    /// Mounts at `mountpoint` (an existing empty directory) a file system
+    /// holding one zero-filled file `name` of `len` bytes.
+    pub fn mount(mountpoint: &Path, name: &str, len: u64) -> io::Result<Self> {
+        let shared = Arc::new(Shared::new(len));
+        let fs = PowerCutFs {
+            shared: shared.clone(),
+            name: name.to_owned(),
+            // SAFETY: getuid and getgid cannot fail and touch no memory.
+            uid: unsafe { libc::getuid() },
+            gid: unsafe { libc::getgid() },
+        };
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName("braid-powercut".into()),
+            fuser::MountOption::DefaultPermissions,
+        ];
+        // Two workers: a slow flush must not stall every read behind it.
+        config.n_threads = Some(2);
+        let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+        Ok(Self {
+            shared,
+            session: Some(session),
+            mountpoint: mountpoint.to_owned(),
+            file: mountpoint.join(name),
+        })
+    }
+
+    /// The file's path.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// Power loss. Each dirty sector survives with probability `keep`
+    /// (drawn from `seed`, so a failing run can be repeated); every
+    /// operation fails with EIO until [`PowerCut::power_on`].
+    pub fn power_off(&self, keep: f64, seed: u64) -> Cut {
+        let mut state = self.shared.lock();
+        state.powered = false;
+        let cut = state.disk.cut(keep, seed);
+        drop(state);
+        self.shared.power.notify_all();
+        cut
+    }
+
+    pub fn power_on(&self) {
+        self.shared.lock().powered = true;
+    }
+
+    /// The next `n` cache flushes fail with EIO.
+    pub fn fail_next_syncs(&self, n: u32) {
+        self.shared.lock().failing_syncs = n;
+    }
+
+    /// Every cache flush waits `delay` first.
+    pub fn delay_syncs(&self, delay: Duration) {
+        self.shared.lock().sync_delay = delay;
+    }
+
+    pub fn syncs(&self) -> Syncs {
+        let state = self.shared.lock();
+        Syncs {
+            done: state.syncs,
+            failed: state.failed_syncs,
+        }
+    }
+
+    /// Sectors written and not yet on the media.
+    pub fn dirty_sectors(&self) -> usize {
+        self.shared.lock().disk.dirty_sectors()
+    }
+}
+
+impl Drop for PowerCut {
+    fn drop(&mut self) {
+        if let Ok(path) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
+            // SAFETY: a valid NUL-terminated path; umount2 keeps no pointer.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+        // The mount is gone; fuser's own unmount of it fails quietly and
+        // its thread ends when the last open file closes.
+        drop(self.session.take());
+    }
+}
