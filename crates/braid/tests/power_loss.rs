@@ -299,6 +299,8 @@ attempt("first-flush", h.flush)
 h.pwrite(b"\x02" * 4096, 4096)
 attempt("second-flush", h.flush)
 attempt("fua-write", lambda: h.pwrite(b"\x03" * 4096, 8192, nbd.CMD_FLAG_FUA))
+attempt("fua-zero", lambda: h.zero(4096, 16384, nbd.CMD_FLAG_FUA))
+attempt("fua-trim", lambda: h.trim(4096, 20480, nbd.CMD_FLAG_FUA))
 attempt("plain-write", lambda: h.pwrite(b"\x04" * 4096, 12288))
 h.shutdown()
 "#
@@ -308,6 +310,8 @@ h.shutdown()
         "first-flush FAILED EIO",
         "second-flush FAILED EIO",
         "fua-write FAILED EIO",
+        "fua-zero FAILED EIO",
+        "fua-trim FAILED EIO",
         "plain-write OK",
     ] {
         assert!(
@@ -425,4 +429,41 @@ async fn fdatasync_taking_seconds_fails_no_path() {
     tokio::time::timeout(WAIT, vol.close())
         .await
         .expect("close");
+}
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn sigterm_makes_unflushed_writes_durable_before_exit() {
+    if !need_root() || !tool("nbdsh") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary dir");
+    let pc = mount(dir.path());
+    let state = dir.path().join("state");
+    let control = dir.path().join("ctl.sock");
+    let mut serve = crashkit::start(pc.file(), &state, &control, &[]);
+    nbdsh(&format!(
+        "h.connect_uri({:?})\nh.pwrite(bytes(range(256)) * 64, 65536)\nh.shutdown()\n",
+        serve.uri("vol")
+    ));
+    assert!(pc.dirty_sectors() > 0, "the write is still in the cache");
+    let status = serve.stop();
+    assert!(status.success(), "exit {status}:\n{}", serve.log());
+    let cut = pc.power_off(0.0, 0);
+    assert_eq!(
+        cut.lost, 0,
+        "braid serve exited with writes not on the disk"
+    );
+    pc.power_on();
+    let mut back = vec![0; 16384];
+    let f = std::fs::File::open(pc.file()).expect("open");
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 65536).expect("read");
+    assert!(back.chunks(256).all(|c| c.iter().copied().eq(0..=255u8)));
 }
