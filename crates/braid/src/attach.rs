@@ -10,14 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use braid_initiator::{Op, Volume};
-use braid_proto::{Command, Errno, Request, TransmissionFlags};
+use braid_initiator::forward::VolumeForward;
 use braid_target::portal::Portal;
 use braid_target::source::format_size;
-use braid_target::{Export, Exports, Forward, ForwardFuture, Forwarded, Limits, Storage, Target};
-use bytes::Bytes;
+use braid_target::{Export, Exports, Limits, Storage, Target};
 use tracing::info;
 
+use crate::attached::Attached;
 use crate::cli::{AttachArgs, MultipathArgs, UsageError};
 use crate::config::{self, AttachFile};
 use crate::out::outln;
@@ -31,14 +30,6 @@ struct Spec {
     multipath: MultipathArgs,
     socket: PathBuf,
     tcp: Option<SocketAddr>,
-}
-
-/// An attached volume.
-pub struct Attached {
-    pub name: String,
-    pub uri: String,
-    pub socket: PathBuf,
-    pub volume: Arc<Volume>,
 }
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
@@ -151,7 +142,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let signals = crate::serve::Signals::install()?;
+        let signals = crate::signals::Signals::install()?;
         let mut attached = Vec::new();
         let mut exports = Vec::new();
         for (spec, cfg) in specs.iter().zip(configs) {
@@ -278,84 +269,6 @@ fn print_usage(a: &Attached, device: &str) {
         a.name
     );
     outln!("  status:  braid status");
-}
-
-/// The volume as the target's forwarded storage.
-struct VolumeForward(Arc<Volume>);
-
-impl std::fmt::Debug for VolumeForward {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "volume {:?}", self.0.info().export)
-    }
-}
-
-impl Forward for VolumeForward {
-    fn size(&self) -> u64 {
-        self.0.info().size
-    }
-
-    fn flags(&self) -> TransmissionFlags {
-        // What the export behind offers, less what only concerns how it
-        // answers its own clients.
-        let keep = TransmissionFlags::READ_ONLY
-            | TransmissionFlags::SEND_FLUSH
-            | TransmissionFlags::SEND_FUA
-            | TransmissionFlags::ROTATIONAL
-            | TransmissionFlags::SEND_TRIM
-            | TransmissionFlags::SEND_WRITE_ZEROES
-            | TransmissionFlags::CAN_MULTI_CONN
-            | TransmissionFlags::SEND_CACHE
-            | TransmissionFlags::SEND_FAST_ZERO;
-        TransmissionFlags(self.0.info().flags.0 & keep)
-    }
-
-    fn block_status(&self) -> bool {
-        self.0.info().block_status
-    }
-
-    fn min_block(&self) -> u32 {
-        self.0.info().min_block
-    }
-
-    fn preferred_block(&self) -> u32 {
-        self.0.info().preferred_block
-    }
-
-    fn max_payload(&self) -> u32 {
-        self.0.info().max_payload
-    }
-
-    fn forward(&self, req: &Request, payload: Option<Bytes>) -> ForwardFuture {
-        let vol = self.0.clone();
-        let req = *req;
-        Box::pin(async move {
-            let op = match req.command {
-                Command::Read => Op::Read,
-                Command::Write => Op::Write,
-                Command::Flush => Op::Flush,
-                Command::Trim => Op::Trim,
-                Command::WriteZeroes => Op::WriteZeroes,
-                Command::Cache => Op::Cache,
-                Command::BlockStatus => Op::BlockStatus,
-                Command::Disc | Command::Unknown(_) => {
-                    return Err((Errno::Inval, "not a forwarded command".into()))
-                }
-            };
-            let done = vol
-                .submit(op, req.offset, u64::from(req.length), req.flags, payload)
-                .await
-                .map_err(|e| (e.errno(), e.to_string()))?;
-            Ok(Forwarded {
-                data: done.data,
-                extents: done
-                    .status
-                    .into_iter()
-                    .flat_map(|s| s.extents)
-                    .map(|e| (e.length, e.flags))
-                    .collect(),
-            })
-        })
-    }
 }
 
 fn counts(p: &braid_initiator::PathFigures) -> Counts {

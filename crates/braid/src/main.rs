@@ -6,6 +6,7 @@
 //! Exit codes: 0 success, 1 the operation failed, 2 usage error.
 
 mod attach;
+mod attached;
 mod bench;
 // Doc comments in `cli` are --help text for people at a shell, where
 // `ADDR[:PORT]` means an optional port, not a rustdoc link.
@@ -26,6 +27,7 @@ mod pattern;
 mod rates;
 mod serve;
 mod side;
+mod signals;
 mod status;
 mod tls;
 

@@ -44,11 +44,12 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Whether `path` is the file of module path `modules` (`a/b.rs` or
-/// `a/b/mod.rs` at its end).
+/// `a/b/mod.rs` at its end). A crate's `src/` is left out, so that
+/// `engine::sim` is `crates/engine/src/sim.rs`.
 fn is_module(path: &Path, modules: &[String]) -> bool {
     let as_file = format!("/{}.rs", modules.join("/"));
     let as_dir = format!("/{}/mod.rs", modules.join("/"));
-    let p = path.to_string_lossy();
+    let p = path.to_string_lossy().replace("/src/", "/");
     p.ends_with(&as_file) || p.ends_with(&as_dir)
 }
 
@@ -105,6 +106,11 @@ fn the_checker_tells_a_real_test_from_a_made_up_one() {
         &files,
         &path("backend::durable::tests"),
         "a_flush_that_overlapped_a_failed_one_fails_too"
+    ));
+    assert!(defined(
+        &files,
+        &path("engine::sim"),
+        "randomised_faults_keep_every_invariant"
     ));
     assert!(!defined(&files, &path("security_doc"), "no_such_test"));
     assert!(

@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cmd::{self, run_ok, tool, ChildGuard};
-use crate::config::{check_name, Cut, LabConfig, Rate, Side, MAX_PATHS};
+use crate::config::{check_name, Cut, LabConfig, Rate, Shaping, Side, MAX_PATHS};
 use crate::counters::{parse_net_dev, Counters};
 use crate::netns;
 use crate::topo::{self, LabSpec, PathInfo};
@@ -58,6 +58,7 @@ impl Lab {
             tag,
             name: cfg.name.clone(),
             addressing: cfg.addressing,
+            shaping: cfg.shaping,
             paths: (cfg.rates.iter().enumerate())
                 .map(|(i, &rate)| PathInfo::new(cfg.addressing, i + 1, rate))
                 .collect(),
@@ -85,6 +86,7 @@ impl Lab {
             lab = %lab.spec.tag,
             paths = lab.spec.paths.len(),
             addressing = %lab.spec.addressing,
+            shaping = %lab.spec.shaping,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "lab up"
         );
@@ -242,9 +244,9 @@ impl Lab {
         let p = self.path_ref(index)?;
         for side in [Side::Client, Side::Storage] {
             let dev = p.iface(side);
-            let segs = topo::gso_max_segs(rate);
+            let segs = topo::gso_max_segs(rate, self.spec.shaping);
             self.ip(side, &[format!("link set {dev} gso_max_segs {segs}")])?;
-            shape(self.ns(side), dev, rate)?;
+            shape(self.ns(side), dev, rate, self.spec.shaping)?;
         }
         self.rates()[index - 1] = rate;
         tracing::info!(lab = %self.spec.tag, path = index, %rate, "rate set");
@@ -386,7 +388,7 @@ impl Lab {
                 .collect();
             self.ip(side, &routes)?;
             let shaping: Vec<String> = (spec.paths.iter())
-                .filter_map(|p| topo::tbf_line(p.iface(side), p.rate))
+                .filter_map(|p| topo::tbf_line(p.iface(side), p.rate, spec.shaping))
                 .collect();
             if !shaping.is_empty() {
                 run_ok(
@@ -466,8 +468,8 @@ impl Drop for Lab {
 }
 
 /// Shapes one veth end; unlimited removes the shaping.
-fn shape(ns: &str, dev: &str, rate: Rate) -> Result<(), LabError> {
-    match topo::tbf_line(dev, rate) {
+fn shape(ns: &str, dev: &str, rate: Rate, shaping: Shaping) -> Result<(), LabError> {
+    match topo::tbf_line(dev, rate, shaping) {
         Some(line) => {
             run_ok(tool("tc", ["-n", ns, "-batch", "-"]), Some(&lines(&[line]))).map(drop)
         }

@@ -36,7 +36,7 @@ mod netns;
 mod topo;
 
 pub use cmd::{ChildGuard, STOP_GRACE};
-pub use config::{Addressing, Cut, LabConfig, Rate, Side, MAX_PATHS};
+pub use config::{Addressing, Cut, LabConfig, Rate, Shaping, Side, MAX_PATHS};
 pub use counters::Counters;
 pub use error::LabError;
 pub use lab::Lab;

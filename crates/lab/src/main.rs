@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use braid_lab::{Addressing, Cut, Lab, LabConfig, LabSpec, Rate, Side};
+use braid_lab::{Addressing, Cut, Lab, LabConfig, LabSpec, Rate, Shaping, Side};
 use clap::{Parser, Subcommand};
 
 /// Where persistent labs' descriptions are kept (tmpfs: gone at reboot,
@@ -37,6 +37,11 @@ enum Cmd {
         /// or flux (one /24, client routes everything via path 1).
         #[arg(long, default_value = "split")]
         addressing: Addressing,
+        /// gso (tbf over GSO super-packets with wire overhead charged: the
+        /// lab's reference) or frames (tbf over MTU-sized packets with a
+        /// 64 KiB bucket: a coarser shaper).
+        #[arg(long, default_value = "gso")]
+        shaping: Shaping,
     },
     /// Tear a lab down.
     Down,
@@ -96,7 +101,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let name = cli.name;
     match cli.command {
-        Cmd::Up { rates, addressing } => up(&name, rates, addressing),
+        Cmd::Up {
+            rates,
+            addressing,
+            shaping,
+        } => up(&name, rates, addressing, shaping),
         Cmd::Down => {
             let lab = adopt(&name)?;
             lab.down().context("tearing the lab down")?;
@@ -133,13 +142,14 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn up(name: &str, rates: Vec<Rate>, addressing: Addressing) -> Result<()> {
+fn up(name: &str, rates: Vec<Rate>, addressing: Addressing, shaping: Shaping) -> Result<()> {
     if state_file(name).exists() {
         bail!("lab {name} already exists; `braid-lab down --name {name}` first, or pick another --name");
     }
     let cfg = LabConfig {
         rates,
         addressing,
+        shaping,
         name: Some(name.to_owned()),
     };
     let started = std::time::Instant::now();
@@ -148,9 +158,10 @@ fn up(name: &str, rates: Vec<Rate>, addressing: Addressing) -> Result<()> {
     save(&lab.spec())?;
     let spec = lab.keep();
     println!(
-        "lab {name} up in {} ms ({} addressing)",
+        "lab {name} up in {} ms ({} addressing, {} shaping)",
         started.elapsed().as_millis(),
-        spec.addressing
+        spec.addressing,
+        spec.shaping
     );
     println!("  storage namespace: {}", spec.storage_ns);
     println!("  client namespace:  {}", spec.client_ns);

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Addressing, Rate, Side};
+use crate::config::{Addressing, Rate, Shaping, Side};
 
 /// Token bucket depth at 1gbit: about half a millisecond of the link. A
 /// reply of 512 KiB after an idle moment must not be throttled below the
@@ -25,6 +25,10 @@ const TBF_BURST_MICROS: u64 = 524;
 /// holds cubic's window at 1gbit without drops (5 ms cost retransmits and
 /// throughput) while keeping queueing delay like a real switch port's.
 pub const TBF_LATENCY_MS: u64 = 10;
+
+/// The bucket of [`Shaping::Frames`]: 64 KiB, the burst a switch port
+/// with a modest buffer lets through at line rate.
+const FRAMES_BURST: u64 = 64 * 1024;
 
 /// Ethernet's per-frame cost not in the skb: preamble+SFD 8, FCS 4,
 /// inter-frame gap 12. With it, tbf meters what a real wire carries, so a
@@ -63,6 +67,9 @@ pub struct LabSpec {
     pub client_ns: String,
     /// How addresses and routes are laid out.
     pub addressing: Addressing,
+    /// How rates are enforced (older state files have none: the default).
+    #[serde(default)]
+    pub shaping: Shaping,
     /// The paths, path 1 first.
     pub paths: Vec<PathInfo>,
 }
@@ -141,7 +148,7 @@ fn table(index: usize) -> usize {
 /// `ip -batch` lines (run in the client namespace) creating path's veth
 /// pair, with its storage end placed straight into the storage namespace.
 pub(crate) fn veth_lines(spec: &LabSpec, p: &PathInfo) -> Vec<String> {
-    let segs = gso_max_segs(p.rate);
+    let segs = gso_max_segs(p.rate, spec.shaping);
     vec![format!(
         "link add {c} gso_max_segs {segs} type veth peer name {s} netns {sns} gso_max_segs {segs}",
         c = p.client_iface,
@@ -217,10 +224,13 @@ pub(crate) fn route_lines(spec: &LabSpec, side: Side, p: &PathInfo) -> Vec<Strin
 
 /// `tc -batch` lines shaping the egress of a path's end on `side`, or
 /// `None` for an unlimited rate (the caller deletes the root qdisc).
-pub(crate) fn tbf_line(dev: &str, rate: Rate) -> Option<String> {
+pub(crate) fn tbf_line(dev: &str, rate: Rate, shaping: Shaping) -> Option<String> {
     let bits = rate.bits_per_sec()?;
-    let burst = tbf_burst(bits);
-    let shaped = tbf_rate(bits, gso_max_segs(rate));
+    let burst = match shaping {
+        Shaping::Gso => tbf_burst(bits),
+        Shaping::Frames => FRAMES_BURST,
+    };
+    let shaped = tbf_rate(bits, gso_max_segs(rate, shaping));
     Some(format!(
         "qdisc replace dev {dev} root tbf rate {shaped}bit burst {burst} \
          latency {TBF_LATENCY_MS}ms overhead {TBF_OVERHEAD} mpu {TBF_MPU}"
@@ -230,11 +240,15 @@ pub(crate) fn tbf_line(dev: &str, rate: Rate) -> Option<String> {
 /// GSO segments per skb for a path of this rate: [`GSO_SKB_MICROS`] of
 /// link time in full frames, at least one, and never more than the token
 /// bucket holds (a larger skb would be cut up by tbf itself, in software).
-/// Unshaped links keep the veth default.
-pub(crate) fn gso_max_segs(rate: Rate) -> u32 {
+/// Unshaped links keep the veth default; [`Shaping::Frames`] sends one
+/// frame per skb.
+pub(crate) fn gso_max_segs(rate: Rate, shaping: Shaping) -> u32 {
     let Some(bits) = rate.bits_per_sec() else {
         return 65535;
     };
+    if shaping == Shaping::Frames {
+        return 1;
+    }
     let by_time = gso_segs_by_time(bits);
     let by_bucket = tbf_burst(bits) / FULL_FRAME;
     u32::try_from(by_time.min(by_bucket).max(1)).unwrap_or(u32::MAX)
@@ -308,26 +322,41 @@ mod tests {
 
     #[test]
     fn burst_is_link_time_and_holds_an_skb() {
-        let line = tbf_line("brc1", Rate::GBIT).unwrap();
+        let line = tbf_line("brc1", Rate::GBIT, Shaping::Gso).unwrap();
         assert!(line.contains("burst 65500 "), "{line}");
-        let line = tbf_line("brc1", "10gbit".parse().unwrap()).unwrap();
+        let line = tbf_line("brc1", "10gbit".parse().unwrap(), Shaping::Gso).unwrap();
         assert!(line.contains("burst 655000 "), "{line}");
-        let line = tbf_line("brc1", "100mbit".parse().unwrap()).unwrap();
+        let line = tbf_line("brc1", "100mbit".parse().unwrap(), Shaping::Gso).unwrap();
         assert!(line.contains("burst 6550 "), "{line}");
         // At 10mbit half a millisecond is less than a frame.
-        let line = tbf_line("brc1", "10mbit".parse().unwrap()).unwrap();
+        let line = tbf_line("brc1", "10mbit".parse().unwrap(), Shaping::Gso).unwrap();
         assert!(line.contains("burst 3028 "), "{line}");
-        assert_eq!(tbf_line("brc1", Rate::Unlimited), None);
+        assert_eq!(tbf_line("brc1", Rate::Unlimited, Shaping::Gso), None);
+    }
+
+    #[test]
+    fn frames_shaping_sends_single_frames_through_a_64k_bucket_at_the_wire_rate() {
+        for rate in ["100mbit", "1gbit", "10gbit"] {
+            let rate: Rate = rate.parse().unwrap();
+            assert_eq!(gso_max_segs(rate, Shaping::Frames), 1);
+            let line = tbf_line("brc1", rate, Shaping::Frames).unwrap();
+            assert!(line.contains("burst 65536 "), "{line}");
+            // One frame per skb is charged its overhead exactly: no
+            // correction of the rate.
+            let bits = rate.bits_per_sec().unwrap();
+            assert!(line.contains(&format!("rate {bits}bit ")), "{line}");
+        }
+        assert_eq!(gso_max_segs(Rate::Unlimited, Shaping::Frames), 65535);
     }
 
     #[test]
     fn gso_skbs_hold_a_fraction_of_a_millisecond_and_fit_the_bucket() {
-        assert_eq!(gso_max_segs(Rate::GBIT), 33);
-        assert_eq!(gso_max_segs("100mbit".parse().unwrap()), 3);
-        assert_eq!(gso_max_segs("10mbit".parse().unwrap()), 1);
+        assert_eq!(gso_max_segs(Rate::GBIT, Shaping::Gso), 33);
+        assert_eq!(gso_max_segs("100mbit".parse().unwrap(), Shaping::Gso), 3);
+        assert_eq!(gso_max_segs("10mbit".parse().unwrap(), Shaping::Gso), 1);
         // 10gbit: 0.4 ms is 330 frames; the 625000-byte bucket holds 412.
-        assert_eq!(gso_max_segs("10gbit".parse().unwrap()), 330);
-        assert_eq!(gso_max_segs(Rate::Unlimited), 65535);
+        assert_eq!(gso_max_segs("10gbit".parse().unwrap(), Shaping::Gso), 330);
+        assert_eq!(gso_max_segs(Rate::Unlimited, Shaping::Gso), 65535);
     }
 
     #[test]
@@ -344,7 +373,7 @@ mod tests {
         );
         // One segment per skb is already exact.
         assert_eq!(tbf_rate(bits, 1), bits);
-        let line = tbf_line("brc1", Rate::GBIT).unwrap();
+        let line = tbf_line("brc1", Rate::GBIT, Shaping::Gso).unwrap();
         assert!(line.contains(&format!("rate {shaped}bit ")), "{line}");
     }
 

@@ -8,7 +8,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::{counters, gauges, histograms, Buckets, Labels};
-use crate::attach::Attached;
+use crate::attached::Attached;
 
 /// Reads every attached volume's figures at each scrape.
 pub struct AttachCollector(pub Arc<Vec<Attached>>);

@@ -12,6 +12,7 @@ pub mod backend;
 mod conn;
 pub mod export;
 pub mod forward;
+mod hold;
 pub mod identity;
 pub mod portal;
 pub mod registry;

@@ -19,6 +19,8 @@ use braid_proto::braid_ns::{ConnId, SessionToken};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::hold::Hold;
+
 /// Per-connection counters. Each moves when the reply for a request has
 /// been handed to the writer (bytes counted are payload bytes).
 #[derive(Debug, Default)]
@@ -52,8 +54,7 @@ pub struct Conn {
     drained: Notify,
     tasks: Mutex<Vec<AbortHandle>>,
     /// Test hook: requests wait before reaching the backend while set.
-    held: AtomicBool,
-    hold_changed: Notify,
+    hold: Hold,
 }
 
 impl Conn {
@@ -63,20 +64,15 @@ impl Conn {
         self.fenced.load(Ordering::SeqCst)
     }
 
-    /// Whether requests are being held before the backend (test hook).
+    /// Whether requests are being held before the backend (the test
+    /// hook; always false without the `test-hooks` feature).
     pub fn held(&self) -> bool {
-        self.held.load(Ordering::Acquire)
+        self.hold.held()
     }
 
     /// Waits while the connection is held; returns early if it is fenced.
     pub async fn wait_unheld(&self) {
-        loop {
-            let changed = self.hold_changed.notified();
-            if !self.held() || self.fenced() {
-                return;
-            }
-            changed.await;
-        }
+        self.hold.wait(|| self.fenced()).await;
     }
 
     /// Requests received and not yet finished with the backend.
@@ -163,8 +159,7 @@ impl Registry {
             inflight: AtomicUsize::new(0),
             drained: Notify::new(),
             tasks: Mutex::new(Vec::new()),
-            held: AtomicBool::new(false),
-            hold_changed: Notify::new(),
+            hold: Hold::default(),
         });
         self.lock().insert(id, conn.clone());
         conn
@@ -239,7 +234,7 @@ impl Registry {
         for conn in &targets {
             conn.fenced.store(true, Ordering::SeqCst);
             // Held requests have not started: they are dropped now.
-            conn.hold_changed.notify_waiters();
+            conn.hold.wake();
             let tasks = std::mem::take(&mut *conn.tasks.lock().unwrap_or_else(|p| p.into_inner()));
             for t in tasks {
                 t.abort();
@@ -250,23 +245,25 @@ impl Registry {
         }
     }
 
-    /// Test hook: holds every request of connection `id` before it reaches
-    /// the backend, as a stuck disk or a slow server would, until
-    /// [`Self::release`] or a fence. Returns whether the connection exists.
+    /// Test hook (`test-hooks` feature): holds every request of
+    /// connection `id` before it reaches the backend, as a stuck disk or a
+    /// slow server would, until [`Self::release`] or a fence. Returns
+    /// whether the connection exists.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn hold(&self, id: ConnId) -> bool {
         let Some(conn) = self.lock().get(&id).cloned() else {
             return false;
         };
-        conn.held.store(true, Ordering::Release);
+        conn.hold.set(true);
         true
     }
 
     /// Lets held requests of connection `id` go on to the backend (unless
     /// a fence dropped them meanwhile).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn release(&self, id: ConnId) {
         if let Some(conn) = self.lock().get(&id).cloned() {
-            conn.held.store(false, Ordering::Release);
-            conn.hold_changed.notify_waiters();
+            conn.hold.set(false);
         }
     }
 
