@@ -15,6 +15,23 @@ pub fn ready(status: &str) {
     send(&format!("READY=1\nSTATUS={status}"));
 }
 
+/// braid is re-reading its configuration; `ready` follows when done.
+pub fn reloading() {
+    let now = monotonic_usec();
+    send(&format!("RELOADING=1\nMONOTONIC_USEC={now}"));
+}
+
+/// CLOCK_MONOTONIC in microseconds, as systemd's reload protocol wants it.
+fn monotonic_usec() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+}
+
 /// braid has begun to stop (flushing, closing paths).
 pub fn stopping() {
     send("STOPPING=1");

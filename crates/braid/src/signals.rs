@@ -1,4 +1,5 @@
-//! The signals that stop `braid serve` and `braid attach` cleanly.
+//! The signals that stop `braid serve` and `braid attach` cleanly, and
+//! SIGHUP, which asks `braid attach` to re-read its configuration.
 
 use anyhow::{Context, Result};
 use tracing::info;
@@ -9,6 +10,16 @@ use tracing::info;
 pub struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+/// What a signal asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGINT or SIGTERM, named.
+    Stop(&'static str),
+    /// SIGHUP.
+    Reload,
 }
 
 impl Signals {
@@ -20,15 +31,31 @@ impl Signals {
         Ok(Self {
             int: signal(SignalKind::interrupt()).context("catching SIGINT")?,
             term: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+            hup: signal(SignalKind::hangup()).context("catching SIGHUP")?,
         })
     }
 
-    /// Waits for either signal, then stops `stop` (before logging, so a
-    /// logging failure cannot keep braid running).
+    /// The next signal.
+    pub async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.int.recv() => Signal::Stop("SIGINT"),
+            _ = self.term.recv() => Signal::Stop("SIGTERM"),
+            _ = self.hup.recv() => Signal::Reload,
+        }
+    }
+
+    /// Waits for SIGINT or SIGTERM, then stops `stop` (before logging, so
+    /// a logging failure cannot keep braid running). SIGHUP, which would
+    /// otherwise end the process, only says that nothing reloads here.
     pub async fn stop_on_signal(mut self, stop: braid_target::StopHandle) {
-        let which = tokio::select! {
-            _ = self.int.recv() => "SIGINT",
-            _ = self.term.recv() => "SIGTERM",
+        let which = loop {
+            match self.next().await {
+                Signal::Stop(which) => break which,
+                Signal::Reload => info!(
+                    "SIGHUP: braid serve does not re-read its configuration; restart it to \
+                     apply changes"
+                ),
+            }
         };
         stop.stop();
         crate::notify::stopping();

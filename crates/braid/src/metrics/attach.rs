@@ -2,20 +2,19 @@
 //! local side and portal) and per volume.
 
 use std::fmt;
-use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 
 use super::{counters, gauges, histograms, Buckets, Labels};
-use crate::attached::Attached;
+use crate::attached::Volumes;
 
 /// Reads every attached volume's figures at each scrape.
-pub struct AttachCollector(pub Arc<Vec<Attached>>);
+pub struct AttachCollector(pub Volumes);
 
 impl fmt::Debug for AttachCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AttachCollector({} volumes)", self.0.len())
+        write!(f, "AttachCollector({} volumes)", self.0.snapshot().len())
     }
 }
 
@@ -106,7 +105,8 @@ const VOLUME_COUNTERS: &[VolumeCounter] = &[
 
 impl Collector for AttachCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
-        let reports: Vec<_> = self.0.iter().map(|a| (a, a.volume.report())).collect();
+        let volumes = self.0.snapshot();
+        let reports: Vec<_> = volumes.iter().map(|a| (a, a.volume.report())).collect();
         let paths = || {
             reports
                 .iter()

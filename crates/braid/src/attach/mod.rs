@@ -1,0 +1,253 @@
+//! `braid attach`: the multipath volume as a local NBD export, for the
+//! kernel (nbd-client), qemu, nbdfuse and every other NBD client. The
+//! front end is the target's own (handshake, validation, replies); each
+//! request is forwarded to the volume, which spreads it over the paths.
+//!
+//! Each volume has a target of its own, on its own socket, so that a
+//! reload (SIGHUP, `systemctl reload braid-attach`) can attach or detach
+//! one volume while every other keeps its clients and its paths.
+
+mod devices;
+mod report;
+mod spec;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result};
+use braid_initiator::forward::VolumeForward;
+use braid_target::portal::Portal;
+use braid_target::{Export, Exports, Limits, Storage, Target};
+use tracing::{error, info, warn};
+
+use crate::attached::{Attached, Volumes};
+use crate::cli::AttachArgs;
+use crate::config::{self, AttachFile};
+use crate::rates::Rates;
+use crate::signals::{Signal, Signals};
+use crate::{control, metrics, multipath};
+
+#[cfg(test)]
+pub use report::knobs;
+use spec::{specs, usage, Spec};
+
+pub fn run(args: AttachArgs) -> Result<()> {
+    let file: AttachFile = match &args.config {
+        Some(p) => config::load(p)?,
+        None => AttachFile::default(),
+    };
+    let specs = specs(&args, &file)?;
+    // Checked before anything opens: a bad URI or option is a usage error.
+    for s in &specs {
+        multipath::config(&s.uri, &s.multipath)?;
+    }
+    let metrics_addr: Option<SocketAddr> = args
+        .metrics
+        .as_deref()
+        .or(file.metrics.as_deref())
+        .map(|m| {
+            m.parse()
+                .map_err(|_| usage(format!("metrics {m:?}: expected ADDR:PORT")))
+        })
+        .transpose()?;
+    let control_path = args
+        .control
+        .clone()
+        .or(file.control.clone())
+        .unwrap_or_else(|| control::default_path("attach"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let mut signals = Signals::install()?;
+        let volumes = Volumes::default();
+        for spec in &specs {
+            match attach(spec).await {
+                Ok(a) => volumes.add(a),
+                Err(e) => {
+                    // Nothing half-attached is left behind.
+                    for a in volumes.snapshot() {
+                        a.detach().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let rates = Arc::new(Mutex::new(Rates::default()));
+        tokio::spawn(report::sample(volumes.clone(), rates.clone()));
+        let _control = control::serve(&control_path, report::handler(volumes.clone(), rates))?;
+        if let Some(addr) = metrics_addr {
+            metrics::serve(addr, metrics::attach::AttachCollector(volumes.clone())).await?;
+            info!("metrics on http://{addr}/metrics");
+        }
+        let attached = volumes.snapshot();
+        let devices = devices::free_nbd_devices(Path::new("/sys/block"), attached.len());
+        for (a, dev) in attached.iter().zip(devices) {
+            devices::print_usage(a, &dev);
+        }
+        crate::notify::ready(&format!("{} volume(s) attached", attached.len()));
+        loop {
+            match signals.next().await {
+                Signal::Stop(which) => {
+                    crate::notify::stopping();
+                    info!("{which}: detaching every volume");
+                    break;
+                }
+                Signal::Reload => {
+                    crate::notify::reloading();
+                    let summary = reload(&args, &volumes).await;
+                    crate::notify::ready(&summary);
+                }
+            }
+        }
+        let mut failed = false;
+        for a in volumes.snapshot() {
+            failed |= !a.detach().await;
+        }
+        info!("detached");
+        anyhow::ensure!(!failed, "a volume's final flush failed (see the log)");
+        Ok(())
+    })
+}
+
+/// Opens one volume and serves it on its own socket (and TCP port, if
+/// asked).
+async fn attach(spec: &Spec) -> Result<Arc<Attached>> {
+    let cfg = multipath::config(&spec.uri, &spec.multipath)?;
+    let vol = Arc::new(multipath::open(cfg).await?);
+    let served = serve(spec, &vol).await;
+    let (target, stop) = match served {
+        Ok(t) => t,
+        Err(e) => {
+            vol.close().await;
+            return Err(e);
+        }
+    };
+    let name = spec.name.clone();
+    let task = tokio::spawn(async move {
+        target
+            .run()
+            .await
+            .with_context(|| format!("volume {name:?}: flushing as it is detached"))
+    });
+    info!(volume = %spec.name, socket = %spec.socket.display(), "attached");
+    Ok(Arc::new(Attached {
+        name: spec.name.clone(),
+        uri: spec.uri.clone(),
+        socket: spec.socket.clone(),
+        volume: vol,
+        fingerprint: spec.fingerprint(),
+        stop,
+        served: Mutex::new(Some(task)),
+    }))
+}
+
+/// The local target of one volume, bound and not yet running.
+async fn serve(
+    spec: &Spec,
+    vol: &Arc<braid_initiator::Volume>,
+) -> Result<(Target, braid_target::StopHandle)> {
+    let identity = vol
+        .info()
+        .identity
+        .as_deref()
+        .and_then(|i| uuid::Uuid::parse_str(i).ok())
+        .unwrap_or_else(uuid::Uuid::new_v4);
+    let export = Arc::new(Export {
+        name: spec.name.clone(),
+        description: format!("{} over {} paths", spec.uri, vol.info().paths.len()),
+        storage: Storage::Forwarded(Arc::new(VolumeForward(vol.clone()))),
+        read_only: false,
+        volume: identity,
+        allow: Vec::new(),
+    });
+    let tcp: Vec<Portal> = spec
+        .tcp
+        .iter()
+        .map(|&addr| Portal { addr, device: None })
+        .collect();
+    for p in &tcp {
+        if !p.addr.ip().is_loopback() {
+            return Err(usage(format!(
+                "--tcp {}: only loopback addresses (the volume is not access-controlled here)",
+                p.addr
+            )));
+        }
+    }
+    let mut target = Target::bind(Exports::new(vec![export]), &tcp, Limits::default())?;
+    if let Some(dir) = spec.socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    target.bind_unix(&spec.socket)?;
+    control::set_mode(&spec.socket, 0o660);
+    let stop = target.stop_handle();
+    Ok((target, stop))
+}
+
+/// Reads the configuration again and makes the attached volumes match it:
+/// volumes gone from it are detached, new ones attached, changed ones
+/// attached again; the rest are not touched. A volume that fails to
+/// attach is logged and left out; the others carry on. Returns a summary
+/// for the log and systemd.
+async fn reload(args: &AttachArgs, volumes: &Volumes) -> String {
+    let Some(path) = &args.config else {
+        warn!("reload asked, but braid attach was started without --config: nothing to re-read");
+        return format!("{} volume(s) attached", volumes.snapshot().len());
+    };
+    let wanted = match config::load(path).and_then(|file| specs(args, &file)) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(
+                "reload: {} is not valid, nothing changed: {e:#}",
+                path.display()
+            );
+            return format!(
+                "{} volume(s) attached; reload refused",
+                volumes.snapshot().len()
+            );
+        }
+    };
+    let (mut added, mut removed, mut failed) = (0, 0, 0);
+    let mut changed = Vec::new();
+    for a in volumes.snapshot() {
+        match wanted.iter().find(|s| s.name == a.name) {
+            Some(s) if s.fingerprint() == a.fingerprint => {}
+            Some(_) => {
+                info!(volume = %a.name, "reload: its settings changed; attaching it again");
+                volumes.remove(&a.name);
+                a.detach().await;
+                changed.push(a.name.clone());
+            }
+            None => {
+                info!(volume = %a.name, "reload: no longer configured; detaching it");
+                volumes.remove(&a.name);
+                a.detach().await;
+                removed += 1;
+            }
+        }
+    }
+    for s in &wanted {
+        if volumes.find(&s.name).is_some() {
+            continue;
+        }
+        match attach(s).await {
+            Ok(a) => {
+                volumes.add(a);
+                added += usize::from(!changed.contains(&s.name));
+            }
+            Err(e) => {
+                error!(volume = %s.name, "reload: attaching failed: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    let summary = format!(
+        "{} volume(s) attached; reload: {added} added, {removed} removed, {} changed, \
+         {failed} failed",
+        volumes.snapshot().len(),
+        changed.len()
+    );
+    info!("{summary}");
+    summary
+}
