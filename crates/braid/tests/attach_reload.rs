@@ -177,7 +177,16 @@ print("SAME CONNECTION OK" if ok else "DATA CHANGED", flush=True)
     client.wait(Duration::from_secs(10));
 
     let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(text.contains("reload: 1 added, 0 removed, 0 changed, 0 failed"), "{text}");
-    assert!(text.contains("reload: 0 added, 1 removed, 0 changed, 0 failed"), "{text}");
-    assert!(attach.wait(Duration::ZERO).is_none(), "braid attach still runs");
+    assert!(
+        text.contains("reload: 1 added, 0 removed, 0 changed, 0 failed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reload: 0 added, 1 removed, 0 changed, 0 failed"),
+        "{text}"
+    );
+    assert!(
+        attach.wait(Duration::ZERO).is_none(),
+        "braid attach still runs"
+    );
 }

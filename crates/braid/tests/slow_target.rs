@@ -207,9 +207,9 @@ fn a_blackholed_path_still_fails_fast_while_the_other_is_slow() {
         .unwrap();
     assert!(status.success(), "braid copy failed:\n{out}\n{err}");
     assert!(out.contains("verified: sha256"), "{out}");
-    let failed: Vec<&str> = err.lines().filter(|l| l.contains(" failed:")).collect();
+    let failed: Vec<&str> = err.lines().filter(|l| l.contains(": failed:")).collect();
     assert!(
-        failed.iter().all(|l| l.contains("path 2")) && !failed.is_empty(),
+        failed.iter().all(|l| l.contains("path{n=2 ")) && !failed.is_empty(),
         "only the blackholed path 2 should fail:\n{err}"
     );
 }

@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::{tcp_info, Negotiated, Wire};
 
@@ -128,8 +129,8 @@ pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle
     });
     let (rd, wr) = tokio::io::split(n.stream);
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(write_loop(wr, rx, sink.clone()));
-    let reader = tokio::spawn(read_loop(rd, n.leftover, max_payload, sink));
+    let writer = tokio::spawn(write_loop(wr, rx, sink.clone()).in_current_span());
+    let reader = tokio::spawn(read_loop(rd, n.leftover, max_payload, sink).in_current_span());
     ConnHandle {
         tx: Some(tx),
         reader,

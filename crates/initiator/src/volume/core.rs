@@ -10,7 +10,7 @@ use braid_proto::reply::BlockStatus;
 use braid_proto::{CmdFlags, Cookie, Errno, Request};
 use bytes::Bytes;
 use tokio::sync::oneshot;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::conn::{ConnHandle, Sink};
 use crate::discover::PathSpec;
@@ -45,6 +45,9 @@ pub(crate) struct Pending {
 
 pub(crate) struct PathIo {
     pub spec: PathSpec,
+    /// `path{n, via}`, inside the volume's span: what the path's log
+    /// lines and background tasks run in.
+    pub span: tracing::Span,
     pub conns: Vec<Option<ConnHandle>>,
     /// Context id of `base:allocation` on each connection.
     pub allocation: Vec<Option<u32>>,
@@ -62,6 +65,8 @@ pub(crate) struct Core {
     pub received: HashMap<u64, u64>,
     pub warned_no_fencing: bool,
     pub replay: super::replay::ReplayState,
+    /// `volume{export}`: what the volume's own log lines run in.
+    pub span: tracing::Span,
 }
 
 /// Everything the volume's tasks share.
@@ -137,14 +142,18 @@ impl Core {
                         .retain(|k, _| engine.chunk(Cookie(*k)).is_some());
                 }
                 Action::Fence { path, fence, conns } if !shared.closed() => {
-                    tokio::spawn(recover::fence(shared.clone(), path, fence, conns));
+                    let span = self.paths[path.0].span.clone();
+                    tokio::spawn(recover::fence(shared.clone(), fence, conns).instrument(span));
                 }
                 Action::Fence { .. } => {}
                 Action::Reconnect { path, after } if !shared.closed() => {
                     let p = &mut self.paths[path.0];
                     if !p.reconnecting {
                         p.reconnecting = true;
-                        tokio::spawn(recover::reconnect(shared.clone(), path, after));
+                        let span = p.span.clone();
+                        tokio::spawn(
+                            recover::reconnect(shared.clone(), path, after).instrument(span),
+                        );
                     }
                 }
                 Action::Reconnect { .. } => {}
@@ -202,8 +211,16 @@ impl Core {
         }
     }
 
+    /// One line per event, in the span of the path it is about (inside
+    /// the volume's), so the text need not name either.
     fn log(&mut self, ev: Event) {
-        let name = |paths: &[PathIo], p: PathId| format!("path {} ({})", p.0 + 1, paths[p.0].spec);
+        let span = match &ev {
+            Event::PathFailed { path, .. }
+            | Event::Fenced { path, .. }
+            | Event::PathRestored { path } => self.paths[path.0].span.clone(),
+            Event::NoPathTimeout { .. } => self.span.clone(),
+        };
+        let _entered = span.enter();
         match ev {
             Event::PathFailed {
                 path,
@@ -227,7 +244,7 @@ impl Core {
                 } else {
                     format!("; {}", parts.join(", "))
                 };
-                warn!("{} failed: {reason}{tail}", name(&self.paths, path));
+                warn!("failed: {reason}{tail}");
                 if held == 0
                     && !self.warned_no_fencing
                     && !resent.is_empty()
@@ -241,20 +258,12 @@ impl Core {
                     );
                 }
             }
-            Event::Fenced {
-                path,
-                fence,
-                resent,
-            } => {
+            Event::Fenced { fence, resent, .. } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
-                info!(
-                    fence = fence.0,
-                    "{} fenced by the target; {n} writes re-sent",
-                    name(&self.paths, path)
-                );
+                info!(fence = fence.0, "fenced by the target; {n} writes re-sent");
             }
-            Event::PathRestored { path } => {
-                info!("{} restored", name(&self.paths, path));
+            Event::PathRestored { .. } => {
+                info!("restored");
             }
             Event::NoPathTimeout { failed } => {
                 warn!("no path for longer than the no-path timeout: {failed} requests failed with EIO");

@@ -20,7 +20,7 @@ use braid_proto::reply::Extent;
 use braid_proto::{CmdFlags, Errno, TransmissionFlags};
 use bytes::Bytes;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{info, warn, Instrument};
 
 use crate::conn::ConnectError;
 use crate::discover::{self, Expect, LocalSpec};
@@ -194,6 +194,14 @@ impl Volume {
     ///
     /// See [`OpenError`]: the messages say what to change.
     pub async fn open(cfg: VolumeConfig) -> Result<Self, OpenError> {
+        // Every line the volume logs, from any task, is in this span (and
+        // a path's in its own inside it), so several volumes in one
+        // process can be told apart.
+        let span = tracing::info_span!("volume", export = ?cfg.uri.export);
+        Self::open_in(cfg, span.clone()).instrument(span).await
+    }
+
+    async fn open_in(cfg: VolumeConfig, span: tracing::Span) -> Result<Self, OpenError> {
         let locals = discover::resolve_locals(&with_rules(&cfg)).map_err(OpenError::Usage)?;
         let tls =
             match (&cfg.tls, cfg.uri.tls) {
@@ -306,9 +314,10 @@ impl Volume {
         let epoch = Instant::now();
         let mut engine = Engine::new(engine_cfg, policy);
         let mut paths = Vec::new();
-        for (spec, config) in specs.iter().zip(configs) {
+        for (i, (spec, config)) in specs.iter().zip(configs).enumerate() {
             engine.add_path(config, Duration::ZERO);
             paths.push(PathIo {
+                span: tracing::info_span!(parent: &span, "path", n = i + 1, via = %spec),
                 spec: spec.clone(),
                 conns: Vec::new(),
                 allocation: Vec::new(),
@@ -347,6 +356,7 @@ impl Volume {
                     available: d.instance.is_some(),
                     ..Default::default()
                 },
+                span: span.clone(),
             }),
             epoch,
             settings,
@@ -379,12 +389,9 @@ impl Volume {
             if matches!(e, ConnectError::NotSameVolume { .. }) {
                 return Err(OpenError::Usage(e.to_string()));
             }
-            warn!(
-                "path {} ({}) did not open: {e}; retrying in the background",
-                i + 1,
-                specs[*i]
-            );
             let mut core = shared.lock();
+            let span = core.paths[*i].span.clone();
+            span.in_scope(|| warn!("did not open: {e}; retrying in the background"));
             core.engine.reconnect_failed(PathId(*i));
             core.act(&shared);
         }
@@ -409,7 +416,7 @@ impl Volume {
             fencing: d.braid,
             block_status,
         };
-        let ticker = tokio::spawn(tick(Arc::downgrade(&shared)));
+        let ticker = tokio::spawn(tick(Arc::downgrade(&shared)).instrument(span));
         Ok(Self {
             shared,
             info,
@@ -633,7 +640,7 @@ where
     F: std::future::Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let handles: Vec<JoinHandle<T>> = futs.map(tokio::spawn).collect();
+    let handles: Vec<JoinHandle<T>> = futs.map(|f| tokio::spawn(f.in_current_span())).collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
         match h.await {

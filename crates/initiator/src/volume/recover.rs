@@ -41,11 +41,7 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
     let mut core = shared.lock();
     core.paths[path.0].reconnecting = false;
     if let Err(e) = result {
-        debug!(
-            path = path.0 + 1,
-            "reconnect failed: {}",
-            crate::conn::chain(&e)
-        );
+        debug!("reconnect failed: {}", crate::conn::chain(&e));
         core.engine.reconnect_failed(path);
     }
     core.act(&shared);
@@ -153,11 +149,12 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
     core.act(shared);
 }
 
-/// Asks the target to fence `conns` (the connections of one failure of
-/// `path`), over a fresh connection on any path, until it succeeds or the
+/// Asks the target to fence `conns` (the connections of one failure of a
+/// path; the task runs in that path's span), over a fresh connection on
+/// any path, until it succeeds or the
 /// engine no longer wants `fence`. Each failure runs its own: a newer
 /// failure of the same path neither ends nor completes this one.
-pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<ConnId>) {
+pub(crate) async fn fence(shared: Arc<Shared>, fence: FenceId, conns: Vec<ConnId>) {
     let named: Vec<String> = conns.iter().map(ToString::to_string).collect();
     let mut delay = Duration::from_millis(50);
     loop {
@@ -182,7 +179,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
         for (_, spec) in candidates {
             match fence_via(&shared, &spec, &conns).await {
                 Ok(()) => {
-                    info!(path = path.0 + 1, fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
+                    info!(fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
                     core.engine.fence_done(shared.now(), fence);
                     core.act(&shared);

@@ -27,7 +27,7 @@ use braid_proto::{
 use bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::export::{Export, Exports, Storage};
 use crate::registry::{Conn, Registry};
@@ -139,19 +139,31 @@ pub(crate) struct ConnCtx {
 }
 
 /// Serves one connection to its end, then removes it from the registry.
+/// Everything it logs, and every task it starts, is in a `conn` span that
+/// names the connection, its peer and (once chosen) its export.
 pub(crate) async fn serve(
     stream: Box<dyn Stream>,
     conn: Arc<Conn>,
     peer: Option<std::net::IpAddr>,
     ctx: ConnCtx,
 ) {
-    let result = run(stream, &conn, peer, &ctx).await;
-    match result {
-        Ok(()) => debug!(conn = %conn.id, "connection closed"),
-        Err(e) => info!(conn = %conn.id, peer = %conn.peer, "connection closed: {e}"),
+    let span = tracing::info_span!(
+        "conn",
+        id = %conn.id,
+        peer = %conn.peer,
+        export = tracing::field::Empty
+    );
+    async move {
+        let result = run(stream, &conn, peer, &ctx).await;
+        match result {
+            Ok(()) => debug!("connection closed"),
+            Err(e) => info!("connection closed: {e}"),
+        }
+        conn.drain().await;
+        ctx.registry.remove(conn.id);
     }
-    conn.drain().await;
-    ctx.registry.remove(conn.id);
+    .instrument(span)
+    .await;
 }
 
 async fn run(
@@ -178,7 +190,8 @@ async fn run(
     };
     *conn.export.lock().unwrap_or_else(|p| p.into_inner()) = Some(export.name.clone());
     *conn.session.lock().unwrap_or_else(|p| p.into_inner()) = session.braid_session;
-    debug!(conn = %conn.id, export = %export.name, structured = session.structured, "transmission");
+    tracing::Span::current().record("export", export.name.as_str());
+    debug!(structured = session.structured, "transmission");
     transmission(stream, leftover, session, export, conn, ctx).await
 }
 
@@ -243,20 +256,14 @@ async fn handshake(
                 session,
             } => {
                 let named: Vec<String> = ids.iter().map(ToString::to_string).collect();
-                info!(conn = %conn.id, ?named, %export, "fence requested");
+                info!(?named, %export, "fence requested");
                 match ctx.registry.fence_scoped(&ids, &export, session).await {
                     Ok(()) => {
-                        info!(conn = %conn.id, ?named, "fence complete");
+                        info!(?named, "fence complete");
                         hs.fence_done(Ok(()));
                     }
                     Err(why) => {
-                        warn!(
-                            conn = %conn.id,
-                            peer = %conn.peer,
-                            %export,
-                            ?named,
-                            "fence refused: {why}"
-                        );
+                        warn!(%export, ?named, "fence refused: {why}");
                         hs.fence_done(Err(format!("fence refused: {why}")));
                     }
                 }
@@ -270,7 +277,7 @@ async fn handshake(
                 }
                 let acceptor = ctx.tls.clone().expect("StartTls only in TLS mode");
                 let tls = acceptor.accept(stream).await.map_err(ConnError::Tls)?;
-                debug!(conn = %conn.id, "TLS established");
+                debug!("TLS established");
                 stream = Box::new(tls);
                 hs.tls_established();
             }
@@ -293,32 +300,35 @@ async fn transmission(
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let zero_copy = sock.is_some();
     let writer = match sock {
-        Some(sock) => tokio::spawn(writer::sock_write_loop(sock, wr, rx)),
-        None => tokio::spawn(writer::write_loop(wr, rx)),
+        Some(sock) => tokio::spawn(writer::sock_write_loop(sock, wr, rx).in_current_span()),
+        None => tokio::spawn(writer::write_loop(wr, rx).in_current_span()),
     };
     conn.own(writer.abort_handle());
-    let reader = tokio::spawn(read_loop(
-        rd,
-        leftover,
-        Reader {
-            style: ReplyStyle {
-                structured: session.structured,
-                contexts: session.contexts.clone(),
-                zero_copy,
+    let reader = tokio::spawn(
+        read_loop(
+            rd,
+            leftover,
+            Reader {
+                style: ReplyStyle {
+                    structured: session.structured,
+                    contexts: session.contexts.clone(),
+                    zero_copy,
+                },
+                negotiated: session.negotiated(),
+                export,
+                conn: conn.clone(),
+                tx,
+                requests: Arc::new(Semaphore::new(ctx.limits.max_requests)),
+                bytes: Arc::new(Semaphore::new(ctx.limits.max_bytes.div_ceil(UNIT))),
+                max_bytes_units: ctx.limits.max_bytes.div_ceil(UNIT),
+                global: ctx.budget.clone(),
+                global_units: ctx.limits.max_total_bytes.div_ceil(UNIT) as u32,
+                idle_timeout: ctx.limits.idle_timeout,
             },
-            negotiated: session.negotiated(),
-            export,
-            conn: conn.clone(),
-            tx,
-            requests: Arc::new(Semaphore::new(ctx.limits.max_requests)),
-            bytes: Arc::new(Semaphore::new(ctx.limits.max_bytes.div_ceil(UNIT))),
-            max_bytes_units: ctx.limits.max_bytes.div_ceil(UNIT),
-            global: ctx.budget.clone(),
-            global_units: ctx.limits.max_total_bytes.div_ceil(UNIT) as u32,
-            idle_timeout: ctx.limits.idle_timeout,
-        },
-        ctx.shutdown.clone(),
-    ));
+            ctx.shutdown.clone(),
+        )
+        .in_current_span(),
+    );
     conn.own(reader.abort_handle());
     let read_result = match reader.await {
         Ok(r) => r,
@@ -388,7 +398,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         buf.advance(REQUEST_HEADER_LEN);
         let req = Request::decode(&header)?;
         if req.command == Command::Disc {
-            debug!(conn = %r.conn.id, "client disconnected");
+            debug!("client disconnected");
             return Ok(());
         }
         if let Err(errno) = req.validate(&r.negotiated) {
@@ -445,7 +455,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
 
 impl Reader {
     async fn refuse(&self, req: &Request, errno: Errno) {
-        debug!(conn = %self.conn.id, ?req, %errno, "request refused");
+        debug!(?req, %errno, "request refused");
         self.conn
             .stats
             .errors
