@@ -1,0 +1,21 @@
+//! iSCSI (RFC 7143) without I/O, for braid's iSCSI target and initiator:
+//! PDU framing with CRC32C header and data digests ([`pdu`], [`digest`]),
+//! text keys ([`text`]) and the negotiation of a login's operational keys
+//! ([`negotiate`]). Like `braid-proto` for NBD, it owns no socket, task or
+//! clock: callers feed it bytes and take bytes and PDUs out, and every rule
+//! is tested with byte vectors.
+//!
+//! Still to come on this layer: the login state machine (security and
+//! operational stages, CHAP), command numbering windows, Data-In/Data-Out
+//! and R2T sequencing, task management, and the SCSI block-command layer.
+
+pub mod digest;
+pub mod negotiate;
+pub mod pdu;
+pub mod text;
+
+pub use digest::Digests;
+pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};
+
+#[cfg(test)]
+mod tests;
