@@ -5,11 +5,13 @@
 //! clock: callers feed it bytes and take bytes and PDUs out, and every rule
 //! is tested with byte vectors.
 //!
-//! Still to come on this layer: the login state machine (security and
-//! operational stages, CHAP), command numbering windows, Data-In/Data-Out
+//! [`login`] is the target's side of a login (AuthMethod None). Still to
+//! come on this layer: CHAP, the initiator's login, command numbering
+//! windows, Data-In/Data-Out
 //! and R2T sequencing, task management, and the SCSI block-command layer.
 
 pub mod digest;
+pub mod login;
 pub mod negotiate;
 pub mod pdu;
 pub mod text;
@@ -17,5 +19,7 @@ pub mod text;
 pub use digest::Digests;
 pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};
 
+#[cfg(test)]
+mod login_tests;
 #[cfg(test)]
 mod tests;

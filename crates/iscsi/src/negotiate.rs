@@ -120,6 +120,18 @@ pub fn respond(offered: &[(String, String)], ours: &Params, digests_ok: Digests)
         max_recv_data: ours.max_recv_data,
         ..Params::default()
     };
+    let pairs = respond_into(offered, ours, digests_ok, &mut params);
+    Answer { pairs, params }
+}
+
+/// [`respond`] for a negotiation spread over several PDUs: each answer
+/// updates `params`, which keeps what earlier PDUs settled.
+pub fn respond_into(
+    offered: &[(String, String)],
+    ours: &Params,
+    digests_ok: Digests,
+    params: &mut Params,
+) -> Vec<(String, String)> {
     let mut pairs = Vec::new();
     for (key, value) in offered {
         if is_login_key(key) {
@@ -137,7 +149,7 @@ pub fn respond(offered: &[(String, String)], ours: &Params, digests_ok: Digests)
                     _ => false,
                 });
                 if let Some(v) = pick {
-                    set_bool(&mut params, key, v == "CRC32C");
+                    set_bool(params, key, v == "CRC32C");
                 }
                 Some(pick.unwrap_or("Reject").to_owned())
             }
@@ -151,7 +163,7 @@ pub fn respond(offered: &[(String, String)], ours: &Params, digests_ok: Digests)
                             Rule::Max(..) => theirs.max(mine),
                             _ => theirs,
                         };
-                        set_number(&mut params, key, result);
+                        set_number(params, key, result);
                         (!matches!(r, Rule::Declared(..))).then(|| result.to_string())
                     }
                 }
@@ -165,7 +177,7 @@ pub fn respond(offered: &[(String, String)], ours: &Params, digests_ok: Digests)
                     } else {
                         theirs && mine
                     };
-                    set_bool(&mut params, key, result);
+                    set_bool(params, key, result);
                     Some(if result { "Yes" } else { "No" }.to_owned())
                 }
                 _ => Some("Reject".to_owned()),
@@ -177,7 +189,7 @@ pub fn respond(offered: &[(String, String)], ours: &Params, digests_ok: Digests)
     }
     // The RFC forbids a first burst larger than the whole burst.
     params.first_burst = params.first_burst.min(params.max_burst);
-    Answer { pairs, params }
+    pairs
 }
 
 /// Which digest values the answering side accepts.

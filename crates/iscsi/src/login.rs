@@ -1,0 +1,317 @@
+//! The target's side of an iSCSI login (RFC 7143, "Login and Full Feature
+//! Phase Negotiation"), without I/O: Login Request PDUs in, Login Response
+//! PDUs out, and at the end what the session runs with.
+//!
+//! Stages: security negotiation (0), operational negotiation (1), full
+//! feature phase (3). The initiator asks to move on with the T bit and
+//! the stage it wants next; the target agrees by answering with the same.
+//! Only `AuthMethod=None` is offered here; CHAP comes with the
+//! authentication work. A login that cannot go on is answered with a
+//! status class and detail, after which the connection ends.
+
+use bytes::Bytes;
+
+use crate::negotiate::{self, Params};
+use crate::pdu::{Bhs, Opcode, Pdu};
+use crate::text;
+
+/// Login stages as the CSG/NSG fields number them.
+pub const SECURITY: u8 = 0;
+pub const OPERATIONAL: u8 = 1;
+pub const FULL_FEATURE: u8 = 3;
+
+/// A login response's status: class (byte 36) and detail (byte 37).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status(pub u8, pub u8);
+
+impl Status {
+    pub const SUCCESS: Status = Status(0, 0);
+    pub const AUTH_FAILED: Status = Status(2, 1);
+    pub const NOT_FOUND: Status = Status(2, 3);
+    pub const UNSUPPORTED_VERSION: Status = Status(2, 5);
+    pub const MISSING_PARAMETER: Status = Status(2, 7);
+    pub const SESSION_TYPE_UNSUPPORTED: Status = Status(2, 9);
+    pub const INVALID_DURING_LOGIN: Status = Status(2, 0x0b);
+    pub const TARGET_ERROR: Status = Status(3, 0);
+}
+
+/// What the target serves, for logins to check against.
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    /// Target names (IQNs) a normal session may name.
+    pub targets: Vec<String>,
+    /// This side's operational preferences and limits.
+    pub params: Params,
+    pub digests: negotiate::Digests,
+    /// The portal group this connection arrived on.
+    pub portal_group_tag: u16,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionType {
+    Discovery,
+    Normal,
+}
+
+/// A completed login.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub initiator: String,
+    /// `None` for a discovery session.
+    pub target: Option<String>,
+    pub kind: SessionType,
+    pub isid: [u8; 6],
+    pub params: Params,
+    /// The CmdSN the first full-feature command will carry.
+    pub exp_cmd_sn: u32,
+    /// The StatSN the next response will carry.
+    pub stat_sn: u32,
+}
+
+/// What to do after a Login Request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Send this response and read the next request.
+    Continue(Pdu),
+    /// Send this response; the connection is in full feature phase.
+    Complete(Pdu, Box<Session>),
+    /// Send this response, then close the connection.
+    Fail(Pdu, Status, String),
+}
+
+/// One connection's login, target side.
+#[derive(Debug)]
+pub struct TargetLogin {
+    cfg: TargetConfig,
+    stage: u8,
+    params: Params,
+    initiator: Option<String>,
+    target: Option<String>,
+    kind: SessionType,
+    isid: [u8; 6],
+    /// Text of a request continued over several PDUs (C bit).
+    pending: Vec<u8>,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    started: bool,
+    tpgt_sent: bool,
+}
+
+impl TargetLogin {
+    pub fn new(cfg: TargetConfig) -> Self {
+        let params = Params {
+            max_recv_data: cfg.params.max_recv_data,
+            ..Params::default()
+        };
+        Self {
+            cfg,
+            stage: SECURITY,
+            params,
+            initiator: None,
+            target: None,
+            kind: SessionType::Normal,
+            isid: [0; 6],
+            pending: Vec::new(),
+            stat_sn: 0,
+            exp_cmd_sn: 0,
+            started: false,
+            tpgt_sent: false,
+        }
+    }
+
+    /// Handles one PDU of the login phase.
+    pub fn handle(&mut self, req: &Pdu) -> Step {
+        let b = &req.bhs.0;
+        if req.bhs.opcode() != Opcode::LoginRequest {
+            return self.fail(
+                req,
+                Status::INVALID_DURING_LOGIN,
+                "only Login Requests before login completes",
+            );
+        }
+        if !self.started {
+            self.started = true;
+            self.isid.copy_from_slice(&b[8..14]);
+            // The first response's StatSN is the initiator's ExpStatSN.
+            self.stat_sn = req.bhs.u32_at(28);
+            if b[3] > 0 {
+                return self.fail(
+                    req,
+                    Status::UNSUPPORTED_VERSION,
+                    "only iSCSI version 0 exists",
+                );
+            }
+        }
+        self.exp_cmd_sn = req.bhs.u32_at(24);
+        let transit = b[1] & 0x80 != 0;
+        let more = b[1] & 0x40 != 0;
+        let csg = (b[1] >> 2) & 3;
+        let nsg = b[1] & 3;
+        if transit && more {
+            return self.fail(req, Status::INVALID_DURING_LOGIN, "T and C both set");
+        }
+        if csg != self.stage && !(self.stage == SECURITY && csg == OPERATIONAL) {
+            return self.fail(
+                req,
+                Status::INVALID_DURING_LOGIN,
+                "login stage out of order",
+            );
+        }
+        // The security stage may be skipped by starting in operational.
+        self.stage = csg;
+        self.pending.extend_from_slice(&req.data);
+        if more {
+            // The rest of the text follows; acknowledge with no keys.
+            return Step::Continue(self.response(req, false, 0, Bytes::new(), Status::SUCCESS));
+        }
+        let text = std::mem::take(&mut self.pending);
+        let pairs = match text::parse(&text) {
+            Ok(p) => p,
+            Err(e) => return self.fail(req, Status::INVALID_DURING_LOGIN, &e.to_string()),
+        };
+        let mut answer: Vec<(String, String)> = Vec::new();
+        if let Err((status, why)) = self.login_keys(&pairs, &mut answer) {
+            return self.fail(req, status, &why);
+        }
+        if self.stage == OPERATIONAL {
+            let ops: Vec<(String, String)> = pairs
+                .iter()
+                .filter(|(k, _)| !negotiate::is_login_key(k) && k != "AuthMethod")
+                .cloned()
+                .collect();
+            answer.extend(negotiate::respond_into(
+                &ops,
+                &self.cfg.params,
+                self.cfg.digests,
+                &mut self.params,
+            ));
+            if !answer.iter().any(|(k, _)| k == "MaxRecvDataSegmentLength") {
+                // Declarative: stated whether asked or not.
+                answer.push((
+                    "MaxRecvDataSegmentLength".into(),
+                    self.cfg.params.max_recv_data.to_string(),
+                ));
+            }
+        }
+        let data = Bytes::from(text::encode(&answer));
+        if !transit {
+            return Step::Continue(self.response(req, false, 0, data, Status::SUCCESS));
+        }
+        let next = match (self.stage, nsg) {
+            (SECURITY, OPERATIONAL) | (SECURITY, FULL_FEATURE) | (OPERATIONAL, FULL_FEATURE) => nsg,
+            _ => return self.fail(req, Status::INVALID_DURING_LOGIN, "no such next stage"),
+        };
+        if next == FULL_FEATURE {
+            let Some(initiator) = self.initiator.clone() else {
+                return self.fail(
+                    req,
+                    Status::MISSING_PARAMETER,
+                    "InitiatorName was never given",
+                );
+            };
+            if self.kind == SessionType::Normal && self.target.is_none() {
+                return self.fail(
+                    req,
+                    Status::MISSING_PARAMETER,
+                    "a normal session needs TargetName",
+                );
+            }
+            let resp = self.response(req, true, next, data, Status::SUCCESS);
+            let session = Session {
+                initiator,
+                target: self.target.clone(),
+                kind: self.kind,
+                isid: self.isid,
+                params: self.params,
+                exp_cmd_sn: self.exp_cmd_sn,
+                stat_sn: self.stat_sn,
+            };
+            return Step::Complete(resp, Box::new(session));
+        }
+        let resp = self.response(req, true, next, data, Status::SUCCESS);
+        self.stage = next;
+        Step::Continue(resp)
+    }
+
+    /// The keys of the login itself: names, session type, authentication.
+    fn login_keys(
+        &mut self,
+        pairs: &[(String, String)],
+        answer: &mut Vec<(String, String)>,
+    ) -> Result<(), (Status, String)> {
+        for (key, value) in pairs {
+            match key.as_str() {
+                "InitiatorName" => self.initiator = Some(value.clone()),
+                "SessionType" => {
+                    self.kind = match value.as_str() {
+                        "Discovery" => SessionType::Discovery,
+                        "Normal" => SessionType::Normal,
+                        _ => {
+                            return Err((
+                                Status::SESSION_TYPE_UNSUPPORTED,
+                                format!("session type {value:?}"),
+                            ))
+                        }
+                    }
+                }
+                "TargetName" => {
+                    if !self.cfg.targets.iter().any(|t| t == value) {
+                        return Err((Status::NOT_FOUND, format!("no target named {value:?} here")));
+                    }
+                    self.target = Some(value.clone());
+                }
+                "AuthMethod" => {
+                    let none = value.split(',').any(|v| v.trim() == "None");
+                    if !none {
+                        return Err((
+                            Status::AUTH_FAILED,
+                            format!("AuthMethod {value:?}: this target offers only None"),
+                        ));
+                    }
+                    answer.push(("AuthMethod".into(), "None".into()));
+                }
+                _ => {}
+            }
+        }
+        if self.initiator.is_none() {
+            return Err((
+                Status::MISSING_PARAMETER,
+                "InitiatorName is required".into(),
+            ));
+        }
+        // A normal session learns its portal group in the first response
+        // after it named its target.
+        if self.target.is_some() && !self.tpgt_sent {
+            self.tpgt_sent = true;
+            answer.push((
+                "TargetPortalGroupTag".into(),
+                self.cfg.portal_group_tag.to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn response(&mut self, req: &Pdu, transit: bool, nsg: u8, data: Bytes, status: Status) -> Pdu {
+        let mut bhs = Bhs::new(Opcode::LoginResponse);
+        let b = &mut bhs.0;
+        b[1] = (u8::from(transit) << 7) | (self.stage << 2) | if transit { nsg } else { 0 };
+        b[2] = 0; // version-max
+        b[3] = 0; // version-active
+        b[8..14].copy_from_slice(&self.isid);
+        // TSIH: one session per connection here, so any non-zero handle.
+        b[14..16].copy_from_slice(&1u16.to_be_bytes());
+        bhs.set_itt(req.bhs.itt());
+        bhs.set_u32(24, self.stat_sn);
+        bhs.set_u32(28, self.exp_cmd_sn);
+        bhs.set_u32(32, self.exp_cmd_sn);
+        bhs.0[36] = status.0;
+        bhs.0[37] = status.1;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        Pdu::new(bhs, data)
+    }
+
+    fn fail(&mut self, req: &Pdu, status: Status, why: &str) -> Step {
+        let resp = self.response(req, false, 0, Bytes::new(), status);
+        Step::Fail(resp, status, why.to_owned())
+    }
+}
