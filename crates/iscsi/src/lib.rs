@@ -5,15 +5,17 @@
 //! clock: callers feed it bytes and take bytes and PDUs out, and every rule
 //! is tested with byte vectors.
 //!
-//! [`login`] is the target's side of a login (AuthMethod None). Still to
-//! come on this layer: CHAP, the initiator's login, command numbering
-//! windows, Data-In/Data-Out
-//! and R2T sequencing, task management, and the SCSI block-command layer.
+//! [`login`] is the target's side of a login (AuthMethod None); [`scsi`]
+//! reads the CDBs a block target answers and writes their sense data.
+//! Still to come on this layer: CHAP, the initiator's login, command
+//! numbering windows, Data-In/Data-Out and R2T sequencing, task
+//! management, and the rest of the SCSI commands.
 
 pub mod digest;
 pub mod login;
 pub mod negotiate;
 pub mod pdu;
+pub mod scsi;
 pub mod text;
 
 pub use digest::Digests;

@@ -1,0 +1,213 @@
+//! SCSI command descriptor blocks (SBC-4, SPC-5) a block target must read,
+//! parsed into one [`Command`] each. A CDB that is too short, or whose
+//! fields are not allowed, is an error with the sense to answer; an
+//! opcode braid does not implement is [`Command::Unsupported`], answered
+//! INVALID COMMAND OPERATION CODE, never a crash.
+
+use super::sense::Sense;
+
+/// A parsed CDB. Lengths and addresses are in logical blocks unless named
+/// as bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    TestUnitReady,
+    Inquiry {
+        /// `Some(page)` for a vital product data page (EVPD set).
+        vpd: Option<u8>,
+        alloc: u16,
+    },
+    RequestSense {
+        alloc: u8,
+    },
+    ReadCapacity10,
+    ReadCapacity16 {
+        alloc: u32,
+    },
+    Read {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    Write {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    SynchronizeCache {
+        lba: u64,
+        /// 0: to the end of the medium.
+        blocks: u32,
+    },
+    ReportLuns {
+        alloc: u32,
+    },
+    ModeSense {
+        page: u8,
+        subpage: u8,
+        /// The page control field: current, changeable, default, saved.
+        control: u8,
+        /// Block descriptors left out (DBD).
+        no_block_descriptors: bool,
+        alloc: u16,
+        /// MODE SENSE(10) rather than (6): the header is eight bytes.
+        ten: bool,
+    },
+    /// An operation code braid does not implement.
+    Unsupported {
+        opcode: u8,
+    },
+}
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn be64(b: &[u8]) -> u64 {
+    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+/// The CDB's length by its group code (the top three bits of the opcode),
+/// for the groups braid reads.
+fn cdb_len(opcode: u8) -> Option<usize> {
+    match opcode >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    }
+}
+
+/// FUA is bit 3 of byte 1 in READ and WRITE (10), (12) and (16).
+fn fua(cdb: &[u8]) -> bool {
+    cdb[1] & 0x08 != 0
+}
+
+impl Command {
+    /// Parses `cdb` (an iSCSI SCSI Command carries 16 bytes, padded; a
+    /// longer CDB would come in an AHS, which no command here needs).
+    ///
+    /// # Errors
+    ///
+    /// The sense to answer: INVALID FIELD IN CDB for a CDB shorter than
+    /// its opcode's length or a field braid does not allow.
+    pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
+        let Some(&opcode) = cdb.first() else {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        };
+        if let Some(len) = cdb_len(opcode) {
+            if cdb.len() < len {
+                return Err(Sense::INVALID_FIELD_IN_CDB);
+            }
+        }
+        Ok(match opcode {
+            0x00 => Command::TestUnitReady,
+            0x03 => Command::RequestSense { alloc: cdb[4] },
+            0x12 => {
+                let evpd = cdb[1] & 1 != 0;
+                // A page code without EVPD is obsolete and not allowed.
+                if !evpd && cdb[2] != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                Command::Inquiry {
+                    vpd: evpd.then_some(cdb[2]),
+                    alloc: be16(&cdb[3..5]),
+                }
+            }
+            0x08 | 0x0a => {
+                let lba = (u64::from(cdb[1] & 0x1f) << 16) | u64::from(be16(&cdb[2..4]));
+                // Zero blocks means 256 in the six-byte forms.
+                let blocks = if cdb[4] == 0 { 256 } else { u32::from(cdb[4]) };
+                if opcode == 0x08 {
+                    Command::Read {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
+                } else {
+                    Command::Write {
+                        lba,
+                        blocks,
+                        fua: false,
+                    }
+                }
+            }
+            0x28 | 0x2a => {
+                let (lba, blocks) = (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])));
+                rw(opcode == 0x28, lba, blocks, fua(cdb))
+            }
+            0xa8 | 0xaa => rw(
+                opcode == 0xa8,
+                u64::from(be32(&cdb[2..6])),
+                be32(&cdb[6..10]),
+                fua(cdb),
+            ),
+            0x88 | 0x8a => rw(
+                opcode == 0x88,
+                be64(&cdb[2..10]),
+                be32(&cdb[10..14]),
+                fua(cdb),
+            ),
+            0x25 => Command::ReadCapacity10,
+            0x9e if cdb[1] & 0x1f == 0x10 => Command::ReadCapacity16 {
+                alloc: be32(&cdb[10..14]),
+            },
+            0x35 => Command::SynchronizeCache {
+                lba: u64::from(be32(&cdb[2..6])),
+                blocks: u32::from(be16(&cdb[7..9])),
+            },
+            0x91 => Command::SynchronizeCache {
+                lba: be64(&cdb[2..10]),
+                blocks: be32(&cdb[10..14]),
+            },
+            0xa0 => Command::ReportLuns {
+                alloc: be32(&cdb[6..10]),
+            },
+            0x1a | 0x5a => {
+                let ten = opcode == 0x5a;
+                Command::ModeSense {
+                    page: cdb[2] & 0x3f,
+                    control: cdb[2] >> 6,
+                    subpage: cdb[3],
+                    no_block_descriptors: cdb[1] & 0x08 != 0,
+                    alloc: if ten {
+                        be16(&cdb[7..9])
+                    } else {
+                        u16::from(cdb[4])
+                    },
+                    ten,
+                }
+            }
+            other => Command::Unsupported { opcode: other },
+        })
+    }
+
+    /// Whether the command moves data from the initiator (Data-Out).
+    pub fn writes(&self) -> bool {
+        matches!(self, Command::Write { .. })
+    }
+}
+
+fn rw(read: bool, lba: u64, blocks: u32, fua: bool) -> Command {
+    if read {
+        Command::Read { lba, blocks, fua }
+    } else {
+        Command::Write { lba, blocks, fua }
+    }
+}
+
+/// Checks that `blocks` at `lba` lie within a medium of `capacity` blocks.
+///
+/// # Errors
+///
+/// LOGICAL BLOCK ADDRESS OUT OF RANGE, without overflowing on any input.
+pub fn check_range(lba: u64, blocks: u32, capacity: u64) -> Result<(), Sense> {
+    match lba.checked_add(u64::from(blocks)) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(Sense::LBA_OUT_OF_RANGE),
+    }
+}
