@@ -6,17 +6,20 @@
 //! is tested with byte vectors.
 //!
 //! [`login`] is the target's side of a login (AuthMethod None); [`scsi`]
-//! reads the CDBs a block target answers and writes their sense data.
-//! Still to come on this layer: CHAP, the initiator's login, command
-//! numbering windows, Data-In/Data-Out and R2T sequencing, task
+//! reads the CDBs a block target answers and writes their sense data;
+//! [`discovery`] answers SendTargets with every portal; [`window`] keeps
+//! the command numbering. Still to come on this layer: CHAP, the
+//! initiator's login, Data-In/Data-Out and R2T sequencing, task
 //! management, and the rest of the SCSI commands.
 
 pub mod digest;
+pub mod discovery;
 pub mod login;
 pub mod negotiate;
 pub mod pdu;
 pub mod scsi;
 pub mod text;
+pub mod window;
 
 pub use digest::Digests;
 pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};

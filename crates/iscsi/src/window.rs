@@ -1,0 +1,108 @@
+//! Command numbering (RFC 7143, "Command Numbering and Acknowledging"):
+//! CmdSN, ExpCmdSN and MaxCmdSN compared as serial numbers (RFC 1982), so
+//! that they keep working when they wrap past 2^32.
+
+/// `a < b` in 32-bit serial number arithmetic.
+pub fn lt(a: u32, b: u32) -> bool {
+    a != b && b.wrapping_sub(a) < 1 << 31
+}
+
+/// `a <= b` in serial number arithmetic.
+pub fn le(a: u32, b: u32) -> bool {
+    a == b || lt(a, b)
+}
+
+/// The target's command window for one session: which CmdSNs it accepts,
+/// and what it tells the initiator in every response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// The next CmdSN expected.
+    pub exp: u32,
+    /// Commands the target is willing to queue beyond `exp`.
+    pub depth: u32,
+}
+
+/// Where a non-immediate command's CmdSN falls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// It is the next one: execute it, the window moves on.
+    Next,
+    /// Within the window but ahead of a gap: hold it until the gap fills
+    /// (commands may arrive out of order over several connections).
+    Ahead,
+    /// Already seen, or beyond what the target allowed: the RFC has it
+    /// silently ignored.
+    Outside,
+}
+
+impl Window {
+    /// A window starting at `exp` (the CmdSN of the login) of `depth`.
+    pub fn new(exp: u32, depth: u32) -> Self {
+        Self {
+            exp,
+            depth: depth.max(1),
+        }
+    }
+
+    /// MaxCmdSN as responses state it: the last CmdSN accepted.
+    pub fn max(&self) -> u32 {
+        self.exp.wrapping_add(self.depth - 1)
+    }
+
+    /// Classifies a non-immediate command's CmdSN.
+    pub fn place(&self, cmd_sn: u32) -> Place {
+        if cmd_sn == self.exp {
+            Place::Next
+        } else if lt(self.exp, cmd_sn) && le(cmd_sn, self.max()) {
+            Place::Ahead
+        } else {
+            Place::Outside
+        }
+    }
+
+    /// The next command was taken: ExpCmdSN moves on.
+    pub fn advance(&mut self) {
+        self.exp = self.exp.wrapping_add(1);
+    }
+
+    /// Whether an immediate command's CmdSN is acceptable: immediate
+    /// commands carry the CmdSN of the next non-immediate command and do
+    /// not advance it; it must lie within the window.
+    pub fn immediate_ok(&self, cmd_sn: u32) -> bool {
+        le(self.exp, cmd_sn) && le(cmd_sn, self.max())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serial_comparisons_survive_the_wrap() {
+        assert!(lt(1, 2));
+        assert!(!lt(2, 1));
+        assert!(lt(u32::MAX, 0), "0 follows 2^32 - 1");
+        assert!(lt(u32::MAX - 5, 3));
+        assert!(!lt(5, 5) && le(5, 5));
+    }
+
+    #[test]
+    fn the_window_takes_the_next_holds_ahead_and_ignores_the_rest() {
+        let mut w = Window::new(u32::MAX - 1, 4);
+        assert_eq!(w.max(), 1);
+        assert_eq!(w.place(u32::MAX - 1), Place::Next);
+        assert_eq!(w.place(u32::MAX), Place::Ahead);
+        assert_eq!(w.place(1), Place::Ahead, "across the wrap");
+        assert_eq!(w.place(2), Place::Outside, "beyond MaxCmdSN");
+        assert_eq!(w.place(u32::MAX - 2), Place::Outside, "already taken");
+        w.advance();
+        w.advance();
+        assert_eq!((w.exp, w.max()), (0, 3));
+        assert!(w.immediate_ok(0) && w.immediate_ok(3) && !w.immediate_ok(4));
+        assert_eq!(
+            Window::new(7, 0).max(),
+            7,
+            "a window holds at least one command"
+        );
+    }
+}
