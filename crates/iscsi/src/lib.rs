@@ -8,8 +8,9 @@
 //! [`login`] is the target's side of a login (AuthMethod None); [`scsi`]
 //! reads the CDBs a block target answers and writes their sense data;
 //! [`discovery`] answers SendTargets with every portal; [`window`] keeps
-//! the command numbering. Still to come on this layer: CHAP, the
-//! initiator's login, Data-In/Data-Out and R2T sequencing, task
+//! the command numbering; [`transfer`] cuts READ data into Data-In and
+//! gathers WRITE data from immediate data, unsolicited Data-Out and R2Ts.
+//! Still to come on this layer: CHAP, the initiator's login, task
 //! management, and the rest of the SCSI commands.
 
 pub mod digest;
@@ -19,6 +20,7 @@ pub mod negotiate;
 pub mod pdu;
 pub mod scsi;
 pub mod text;
+pub mod transfer;
 pub mod window;
 
 pub use digest::Digests;
