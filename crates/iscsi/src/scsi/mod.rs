@@ -1,7 +1,9 @@
 //! The SCSI block commands an iSCSI target answers, without I/O: CDBs in
-//! ([`cdb`]), status and sense out ([`sense`]).
+//! ([`cdb`]), the data describing the unit out ([`respond`]), status and
+//! sense ([`sense`]).
 
 pub mod cdb;
+pub mod respond;
 pub mod sense;
 
 pub use cdb::{check_range, Command};

@@ -136,3 +136,126 @@ fn ranges_are_checked_without_overflow() {
     );
     assert_eq!(check_range(8, 0, 8), Ok(()), "zero blocks at the end");
 }
+
+use super::respond::{report_luns, request_sense, Unit, VPD_PAGES};
+
+fn unit() -> Unit {
+    Unit {
+        blocks: 1 << 33,
+        block_size: 512,
+        uuid: [
+            0x0b, 0x6f, 0x4c, 0x1e, 0x2d, 0x7a, 0x4c, 0x52, 0x9e, 0x1b, 0x7f, 0x3a, 0x5d, 0x9c,
+            0x8e, 0x21,
+        ],
+        read_only: false,
+        thin: true,
+        zeroes_after_unmap: true,
+        rotational: false,
+        max_transfer_blocks: 65536,
+        relative_port: 2,
+        port_group: 1,
+    }
+}
+
+#[test]
+fn standard_inquiry_says_alua_and_multiport() {
+    let d = unit().inquiry(None, 255).unwrap();
+    assert_eq!(d.len(), 36);
+    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 31, 0x10, 0x10, 0x02]);
+    assert_eq!(&d[8..16], b"BRAID   ");
+    // Cut to the allocation length, never padded.
+    assert_eq!(unit().inquiry(None, 5).unwrap().len(), 5);
+}
+
+#[test]
+fn vpd_pages_list_serial_and_designators() {
+    let u = unit();
+    let d = u.inquiry(Some(0x00), 255).unwrap();
+    assert_eq!(&d[..4], &[0, 0, 0, 6]);
+    assert_eq!(&d[4..], &VPD_PAGES);
+
+    let d = u.inquiry(Some(0x80), 255).unwrap();
+    assert_eq!(&d[4..], b"0b6f4c1e2d7a4c529e1b7f3a5d9c8e21");
+
+    let d = u.inquiry(Some(0x83), 255).unwrap();
+    let len = usize::from(u16::from_be_bytes([d[2], d[3]]));
+    assert_eq!(d.len(), 4 + len);
+    // NAA locally assigned, first: 0x3 then the identity's low 60 bits.
+    assert_eq!(&d[4..8], &[0x01, 0x03, 0, 8]);
+    assert_eq!(&d[8..16], &[0x3b, 0x6f, 0x4c, 0x1e, 0x2d, 0x7a, 0x4c, 0x52]);
+    // Then T10, relative port 2 and port group 1 for this portal.
+    let tail = &d[d.len() - 16..];
+    assert_eq!(
+        tail,
+        &[0x51, 0x94, 0, 4, 0, 0, 0, 2, 0x51, 0x95, 0, 4, 0, 0, 0, 1]
+    );
+    let other_port = Unit {
+        relative_port: 3,
+        ..unit()
+    };
+    let d2 = other_port.inquiry(Some(0x83), 255).unwrap();
+    assert_eq!(
+        d[..d.len() - 16],
+        d2[..d2.len() - 16],
+        "the unit's names are the same on every port"
+    );
+
+    let lbp = u.inquiry(Some(0xb2), 255).unwrap();
+    assert_eq!(&lbp[..], &[0, 0xb2, 0, 4, 0, 0xe4, 2, 0]);
+    let limits = u.inquiry(Some(0xb0), 255).unwrap();
+    assert_eq!(
+        &limits[8..12],
+        &65536u32.to_be_bytes(),
+        "maximum transfer length"
+    );
+    assert_eq!(u.inquiry(Some(0xc0), 255), Err(Sense::INVALID_FIELD_IN_CDB));
+}
+
+#[test]
+fn capacity_luns_mode_pages_and_sense() {
+    let u = unit();
+    assert_eq!(
+        u.read_capacity10(),
+        [0xff, 0xff, 0xff, 0xff, 0, 0, 2, 0],
+        "too big for (10)"
+    );
+    let d = u.read_capacity16(32);
+    assert_eq!(&d[..12], &[0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff, 0, 0, 2, 0]);
+    assert_eq!(d[14], 0xc0, "LBPME and LBPRZ");
+    let small = Unit {
+        blocks: 2048,
+        ..unit()
+    };
+    assert_eq!(small.read_capacity10(), [0, 0, 0x07, 0xff, 0, 0, 2, 0]);
+
+    assert_eq!(
+        report_luns(&[0], 4096),
+        [0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+
+    // MODE SENSE(6), caching page, no block descriptors: WCE set.
+    let d = u.mode_sense(0x08, 0, 0, true, false, 255).unwrap();
+    assert_eq!(&d[..4], &[23, 0, 0x10, 0]);
+    assert_eq!(&d[4..7], &[0x08, 0x12, 0x04]);
+    // MODE SENSE(10), all pages, with a block descriptor.
+    let d = u.mode_sense(0x3f, 0, 0, false, true, 1024).unwrap();
+    assert_eq!(u16::from_be_bytes([d[0], d[1]]) as usize, d.len() - 2);
+    assert_eq!(&d[6..8], &[0, 8], "block descriptor length");
+    assert_eq!(&d[8..16], &[0xff, 0xff, 0xff, 0xff, 0, 0, 2, 0]);
+    assert_eq!(d[16], 0x08);
+    assert_eq!(d[36], 0x0a);
+    // Changeable values: nothing is.
+    let d = u.mode_sense(0x08, 0, 1, true, false, 255).unwrap();
+    assert_eq!(d[6], 0);
+    assert!(
+        u.mode_sense(0x08, 0, 3, true, false, 255).is_err(),
+        "saved values"
+    );
+    assert_eq!(
+        u.mode_sense(0x19, 0, 0, true, false, 255),
+        Err(Sense::INVALID_FIELD_IN_CDB)
+    );
+
+    assert_eq!(request_sense(None, 18)[2], 0, "NO SENSE");
+    assert_eq!(request_sense(Some(Sense::LBA_OUT_OF_RANGE), 18)[12], 0x21);
+}
