@@ -26,6 +26,8 @@ fn main() {
         "python3",
         "ip",
         "tc",
+        "iscsi-ls",
+        "iscsi-test-cu",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());

@@ -477,6 +477,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
 
+    /// Also serve every export over iSCSI, as LUN 0 of target
+    /// iqn.2026-11.org.braid-storage:NAME, on every portal's address at
+    /// PORT [default: 3260]. Only READ/WRITE, SYNCHRONIZE CACHE and the
+    /// commands that describe the unit so far; no CHAP yet
+    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3260")]
+    pub iscsi: Option<u16>,
+
     /// Server certificate (PEM); with --tls-key, TLS is required of every
     /// TCP client (nothing is listed or served before STARTTLS)
     #[arg(long, value_name = "FILE", requires = "tls_key")]

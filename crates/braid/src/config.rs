@@ -20,6 +20,8 @@ pub struct ServeFile {
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
     pub metrics: Option<String>,
+    /// Port of the iSCSI portals (`--iscsi`).
+    pub iscsi: Option<u16>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,

@@ -34,6 +34,8 @@ struct ServeConfig {
     state_dir: std::path::PathBuf,
     control: std::path::PathBuf,
     metrics: Option<std::net::SocketAddr>,
+    /// Port of the iSCSI portals, when iSCSI is served.
+    iscsi: Option<u16>,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -225,8 +227,16 @@ impl ServeConfig {
                     .map_err(|_| usage(format!("--metrics {m:?}: expected ADDR:PORT")))
             })
             .transpose()?;
+        let iscsi = args.iscsi.or(file.iscsi);
+        if iscsi.is_some() && tls.is_some() {
+            return Err(usage(
+                "--iscsi with --tls-cert: braid's iSCSI portals have no TLS (nor CHAP yet), so they \
+                 would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
+            ));
+        }
         Ok(Self {
             metrics,
+            iscsi,
             listen,
             default_listen,
             read_only: args.read_only,
@@ -323,16 +333,53 @@ pub fn run(args: ServeArgs) -> Result<()> {
             crate::metrics::serve(addr, collector).await?;
             info!("metrics on http://{addr}/metrics");
         }
+        let iscsi = match cfg.iscsi {
+            Some(port) => Some(iscsi(&target, port).await?),
+            None => None,
+        };
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",
             target.exports().iter().count(),
             portals.len()
         ));
         tokio::spawn(signals.stop_on_signal(target.stop_handle()));
+        let exports = target.exports();
         target.run().await.context("flushing exports at exit")?;
+        if let Some(task) = iscsi {
+            // iSCSI writes that were still running when NBD's final flush
+            // ran: flushed once more now that every connection is gone.
+            let _ = task.await;
+            for e in exports.iter() {
+                if let braid_target::Storage::Local(b) = &e.storage {
+                    b.flush().context("flushing exports at exit")?;
+                }
+            }
+        }
         info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// Starts the iSCSI portals: every NBD portal's address at `port`.
+async fn iscsi(target: &Target, port: u16) -> Result<tokio::task::JoinHandle<()>> {
+    let addrs: Vec<std::net::SocketAddr> = target
+        .local_addrs()
+        .into_iter()
+        .map(|mut a| {
+            a.set_port(port);
+            a
+        })
+        .collect();
+    let cfg = braid_target::iscsi::IscsiConfig::default();
+    let server = braid_target::iscsi::IscsiServer::bind(&addrs, &target.exports(), &cfg).await?;
+    for a in server.local_addrs() {
+        info!("iSCSI portal {a}");
+    }
+    for name in server.target_names() {
+        info!("iSCSI target {name}");
+    }
+    let stop = target.stop_handle().subscribe();
+    Ok(tokio::spawn(server.run(stop)))
 }
 
 fn open_exports(cfg: &ServeConfig) -> Result<Exports> {

@@ -14,6 +14,7 @@ pub mod export;
 pub mod forward;
 mod hold;
 pub mod identity;
+pub mod iscsi;
 pub mod portal;
 pub mod registry;
 mod server;

@@ -42,6 +42,12 @@ impl StopHandle {
     pub fn stop(&self) {
         self.0.send_replace(true);
     }
+
+    /// Watches for the stop (true once stopped), for servers that stop
+    /// with this target (iSCSI).
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
 }
 
 impl Target {

@@ -87,6 +87,16 @@ fn fua(cdb: &[u8]) -> bool {
     cdb[1] & 0x08 != 0
 }
 
+/// RDPROTECT / WRPROTECT (byte 1, bits 5-7) ask for protection
+/// information, which a unit without it must refuse.
+fn protect(cdb: &[u8]) -> Result<(), Sense> {
+    if cdb[1] & 0xe0 == 0 {
+        Ok(())
+    } else {
+        Err(Sense::INVALID_FIELD_IN_CDB)
+    }
+}
+
 impl Command {
     /// Parses `cdb` (an iSCSI SCSI Command carries 16 bytes, padded; a
     /// longer CDB would come in an AHS, which no command here needs).
@@ -135,6 +145,9 @@ impl Command {
                         fua: false,
                     }
                 }
+            }
+            0x28 | 0x2a | 0xa8 | 0xaa | 0x88 | 0x8a if protect(cdb).is_err() => {
+                return Err(Sense::INVALID_FIELD_IN_CDB)
             }
             0x28 | 0x2a => {
                 let (lba, blocks) = (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])));

@@ -79,17 +79,21 @@ impl Unit {
     }
 
     fn standard_inquiry(&self) -> Vec<u8> {
-        let mut d = vec![0u8; 36];
+        let mut d = vec![0u8; 96];
         d[0] = 0x00; // connected, direct-access block device
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HiSup, response data format 2
-        d[4] = 31; // additional length
+        d[4] = 91; // additional length
         d[5] = 0x10; // TPGS: implicit asymmetric access (ALUA)
         d[6] = 0x10; // MULTIP: more than one port
         d[7] = 0x02; // CMDQUE
         d[8..16].copy_from_slice(VENDOR);
         d[16..32].copy_from_slice(PRODUCT);
         d[32..36].copy_from_slice(REVISION);
+        // Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
+        for (i, v) in [0x00a0u16, 0x0960, 0x0460, 0x04c0].iter().enumerate() {
+            d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+        }
         d
     }
 

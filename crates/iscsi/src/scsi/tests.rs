@@ -117,6 +117,11 @@ fn bad_and_unknown_cdbs_get_sense_not_a_crash() {
         "a page code without EVPD"
     );
     assert_eq!(
+        Command::parse(&cdb16(&[0x28, 0x20, 0, 0, 0, 0, 0, 0, 1, 0])),
+        Err(Sense::INVALID_FIELD_IN_CDB),
+        "RDPROTECT on a unit without protection information"
+    );
+    assert_eq!(
         Command::parse(&cdb16(&[0xc0])),
         Ok(Command::Unsupported { opcode: 0xc0 })
     );
@@ -160,8 +165,12 @@ fn unit() -> Unit {
 #[test]
 fn standard_inquiry_says_alua_and_multiport() {
     let d = unit().inquiry(None, 255).unwrap();
-    assert_eq!(d.len(), 36);
-    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 31, 0x10, 0x10, 0x02]);
+    assert_eq!(d.len(), 96);
+    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 91, 0x10, 0x10, 0x02]);
+    assert_eq!(
+        &d[58..66],
+        &[0x00, 0xa0, 0x09, 0x60, 0x04, 0x60, 0x04, 0xc0]
+    );
     assert_eq!(&d[8..16], b"BRAID   ");
     // Cut to the allocation length, never padded.
     assert_eq!(unit().inquiry(None, 5).unwrap().len(), 5);

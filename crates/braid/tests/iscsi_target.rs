@@ -1,0 +1,253 @@
+//! `braid serve --iscsi`: the exports as iSCSI targets, checked with
+//! libiscsi's own tools (discovery, INQUIRY, READ CAPACITY and its
+//! conformance suite) and, byte for byte, across both protocols: data
+//! written over iSCSI reads back over NBD and the other way round.
+
+mod common;
+mod iscsikit;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{
+    cmd, free_port, output, random_bytes, sha256, sha256_bytes, sparse_file, tool, Serve,
+};
+
+const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
+const SIZE: usize = 16 << 20;
+
+fn serve(dir: &std::path::Path, port: u16) -> Serve {
+    let disk = sparse_file(dir, "disk.img", SIZE as u64);
+    Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.2:0",
+        "--iscsi",
+        &port.to_string(),
+        &format!("vol={}", disk.display()),
+    ])
+}
+
+fn run(c: &mut Command) -> String {
+    let out = output(c, Duration::from_secs(120));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{c:?} failed:\n{text}");
+    text
+}
+
+#[cfg_attr(
+    braid_skip = "iscsi-ls",
+    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn libiscsi_discovers_every_portal_and_sees_one_unit_behind_them() {
+    if !tool("iscsi-ls") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let serve = serve(dir.path(), port);
+    let listed = run(cmd("iscsi-ls").args(["-s", &format!("iscsi://127.0.0.1:{port}")]));
+    assert!(
+        listed.contains(&format!("Target:{TARGET}")),
+        "{listed}\n{}",
+        serve.log()
+    );
+    for portal in [format!("127.0.0.1:{port},1"), format!("127.0.0.2:{port},1")] {
+        assert!(listed.contains(&portal), "{portal} missing:\n{listed}");
+    }
+    let serials: Vec<String> = ["127.0.0.1", "127.0.0.2"]
+        .iter()
+        .map(|host| {
+            let url = format!("iscsi://{host}:{port}/{TARGET}/0");
+            run(cmd("iscsi-inq").args(["-e", "1", "-c", "128", &url]))
+        })
+        .collect();
+    assert_eq!(serials[0], serials[1], "one unit behind both portals");
+    let volume: String = serve.logged_volume("vol").replace('-', "");
+    assert!(
+        serials[0].contains(&volume),
+        "the serial is the volume identity: {}",
+        serials[0]
+    );
+    let ids = run(cmd("iscsi-inq").args([
+        "-e",
+        "1",
+        "-c",
+        "131",
+        &format!("iscsi://127.0.0.1:{port}/{TARGET}/0"),
+    ]));
+    for want in [
+        "Designator Type:(3) NAA",
+        "Designator Type:(5) TARGET_PORT_GROUP",
+        "Designator Type:(4) RELATIVE_TARGET_PORT",
+    ] {
+        assert!(ids.contains(want), "{want} missing from VPD 0x83:\n{ids}");
+    }
+    let cap = run(cmd("iscsi-readcapacity16").arg(format!("iscsi://127.0.0.1:{port}/{TARGET}/0")));
+    assert!(cap.contains(&format!("Total size:{SIZE}")), "{cap}");
+}
+
+#[cfg_attr(
+    braid_skip = "iscsi-test-cu",
+    ignore = "needs iscsi-test-cu: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn libiscsis_conformance_suites_for_what_is_implemented_pass() {
+    if !tool("iscsi-test-cu") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let serve = serve(dir.path(), port);
+    let url = format!("iscsi://127.0.0.1:{port}/{TARGET}/0");
+    for suite in [
+        "SCSI.TestUnitReady",
+        "SCSI.Inquiry",
+        "SCSI.ReadCapacity10",
+        "SCSI.ReadCapacity16",
+        "SCSI.Read10",
+        "SCSI.Read12",
+        "SCSI.Read16",
+        "SCSI.Write10",
+        "SCSI.Write12",
+        "SCSI.Write16",
+        "SCSI.ModeSense6",
+        "iSCSI.iSCSIcmdsn",
+        "iSCSI.iSCSIdatasn",
+        "iSCSI.iSCSIResiduals",
+    ] {
+        let out = output(
+            cmd("iscsi-test-cu").args(["-t", suite, &url]),
+            Duration::from_secs(120),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        // CUnit's summary: "tests  TOTAL  RAN  PASSED  FAILED  INACTIVE".
+        let counts: Vec<u64> = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("tests "))
+            .unwrap_or_else(|| panic!("{suite}: no summary:\n{text}"))
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        assert!(counts.len() >= 4, "{suite}: {text}");
+        assert!(counts[1] > 0, "{suite} ran nothing:\n{text}");
+        assert_eq!(counts[3], 0, "{suite} failed:\n{text}\n{}", serve.log());
+    }
+}
+
+#[cfg_attr(
+    braid_skip = "nbdcopy",
+    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn data_crosses_between_iscsi_and_nbd_byte_for_byte() {
+    if !tool("nbdcopy") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let serve = serve(dir.path(), port);
+    let addr: std::net::SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    let mut i = iscsikit::Initiator::login(addr, TARGET);
+
+    // Over iSCSI: 1 MiB at block 2048 (immediate data, then R2Ts), and a
+    // small write at block 0.
+    let big = random_bytes(1 << 20, 7);
+    i.write10(2048, &big);
+    let small = random_bytes(4096, 8);
+    i.write10(0, &small);
+    assert_eq!(
+        i.read10(2048, 2048),
+        big,
+        "iSCSI reads back what iSCSI wrote"
+    );
+    assert_eq!(i.read10(0, 8), small);
+
+    // Over NBD, the same bytes.
+    let image = dir.path().join("via-nbd.img");
+    run(cmd("nbdcopy").arg(serve.uri("vol")).arg(&image));
+    let mut want = vec![0u8; SIZE];
+    want[..4096].copy_from_slice(&small);
+    want[2048 * 512..2048 * 512 + big.len()].copy_from_slice(&big);
+    assert_eq!(
+        sha256(&image),
+        sha256_bytes(&want),
+        "NBD sees the iSCSI writes"
+    );
+
+    // And the other way: written over NBD, read over iSCSI.
+    let src = common::random_file(dir.path(), SIZE, 9);
+    run(cmd("nbdcopy").arg(&src).arg(serve.uri("vol")));
+    let back = i.read10(4096, 2048);
+    let whole = std::fs::read(&src).unwrap();
+    assert_eq!(
+        back,
+        whole[4096 * 512..4096 * 512 + (1 << 20)],
+        "iSCSI sees the NBD writes"
+    );
+}
+
+#[cfg_attr(
+    braid_skip = "iscsi-ls",
+    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn an_export_allow_list_hides_its_target_from_other_networks() {
+    if !tool("iscsi-ls") {
+        return;
+    }
+    let port = free_port();
+    let _serve = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--iscsi",
+        &port.to_string(),
+        "--allow",
+        "vol=10.9.9.0/24",
+        "vol=mem:8MiB",
+        "open=mem:8MiB",
+    ]);
+    let listed = run(cmd("iscsi-ls").args(["-s", &format!("iscsi://127.0.0.1:{port}")]));
+    assert!(
+        listed.contains("iqn.2026-11.org.braid-storage:open"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(TARGET),
+        "a target the client may not use was listed:\n{listed}"
+    );
+    let out = output(
+        cmd("iscsi-inq").arg(format!("iscsi://127.0.0.1:{port}/{TARGET}/0")),
+        Duration::from_secs(60),
+    );
+    assert!(
+        !out.status.success(),
+        "a login to the hidden target succeeded"
+    );
+}
+
+#[test]
+fn iscsi_is_refused_beside_tls() {
+    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
+        .args([
+            "serve",
+            "--iscsi",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "vol=mem:1MiB",
+        ])
+        .output()
+        .expect("braid serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no TLS"), "{err}");
+}

@@ -1,0 +1,174 @@
+//! SCSI commands carried out on an export's backend: the LUN behind an
+//! iSCSI target.
+
+use std::sync::Arc;
+
+use braid_iscsi::scsi::respond::{self, Unit};
+use braid_iscsi::scsi::{check_range, Command, Sense};
+
+use crate::backend::Backend;
+use crate::export::{Export, Storage};
+
+/// Logical block size every LUN is offered with.
+pub const BLOCK: u32 = 512;
+
+/// Most bytes one READ or WRITE may move: bounds what one command can pin.
+pub const MAX_TRANSFER: u32 = 8 << 20;
+
+/// What a command answers.
+#[derive(Debug)]
+pub enum Outcome {
+    /// GOOD, with data for the initiator (possibly none).
+    Good(Vec<u8>),
+    /// CHECK CONDITION with this sense.
+    Check(Sense),
+}
+
+/// The unit as SCSI describes it, for the portal with relative port id
+/// `port_id`.
+pub fn describe(export: &Export, port_id: u16) -> Unit {
+    let rotational = match &export.storage {
+        Storage::Local(b) => b.caps().rotational,
+        Storage::Forwarded(_) => false,
+    };
+    Unit {
+        blocks: export.size() / u64::from(BLOCK),
+        block_size: BLOCK,
+        uuid: *export.volume.as_bytes(),
+        read_only: export.read_only,
+        // UNMAP is not offered over iSCSI yet, so no provisioning is
+        // advertised (LBPME clear) even where the backend punches holes.
+        thin: false,
+        zeroes_after_unmap: false,
+        rotational,
+        max_transfer_blocks: MAX_TRANSFER / BLOCK,
+        relative_port: port_id,
+        // Every portal is active/optimized, so all are one group.
+        port_group: 1,
+    }
+}
+
+fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
+    match &export.storage {
+        Storage::Local(b) => Some(b.clone()),
+        Storage::Forwarded(_) => None,
+    }
+}
+
+/// Runs a blocking backend call off the async threads when it may block.
+async fn call<T: Send + 'static>(
+    b: Arc<dyn Backend>,
+    f: impl FnOnce(&dyn Backend) -> T + Send + 'static,
+) -> T {
+    if b.blocking() {
+        tokio::task::spawn_blocking(move || f(b.as_ref()))
+            .await
+            .expect("backend call panicked")
+    } else {
+        f(b.as_ref())
+    }
+}
+
+/// Bytes a READ or WRITE moves, checked against the unit and the limit.
+///
+/// # Errors
+///
+/// The sense to answer.
+pub fn transfer_len(unit: &Unit, lba: u64, blocks: u32) -> Result<u32, Sense> {
+    check_range(lba, blocks, unit.blocks)?;
+    let bytes = u64::from(blocks) * u64::from(BLOCK);
+    u32::try_from(bytes)
+        .ok()
+        .filter(|b| *b <= MAX_TRANSFER)
+        .ok_or(Sense::INVALID_FIELD_IN_CDB)
+}
+
+/// Carries out `cmd` on LUN `lun`; `data` is a WRITE's data, gathered.
+pub async fn execute(
+    export: &Export,
+    unit: &Unit,
+    lun: u64,
+    cmd: Command,
+    data: Option<Vec<u8>>,
+) -> Outcome {
+    // LUN 0 is the export; REPORT LUNS and INQUIRY answer on any LUN.
+    let known = lun == 0;
+    match cmd {
+        Command::ReportLuns { alloc } => return Outcome::Good(respond::report_luns(&[0], alloc)),
+        Command::Inquiry { vpd: None, alloc } if !known => {
+            // Peripheral qualifier 3: no unit here.
+            let mut d = unit.inquiry(None, alloc).unwrap_or_default();
+            if let Some(b) = d.first_mut() {
+                *b = 0x7f;
+            }
+            return Outcome::Good(d);
+        }
+        _ if !known => return Outcome::Check(Sense::LUN_NOT_SUPPORTED),
+        _ => {}
+    }
+    let Some(b) = backend(export) else {
+        return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
+    };
+    match cmd {
+        Command::TestUnitReady => Outcome::Good(Vec::new()),
+        Command::Inquiry { vpd, alloc } => result(unit.inquiry(vpd, alloc)),
+        Command::RequestSense { alloc } => Outcome::Good(respond::request_sense(None, alloc)),
+        Command::ReadCapacity10 => Outcome::Good(unit.read_capacity10()),
+        Command::ReadCapacity16 { alloc } => Outcome::Good(unit.read_capacity16(alloc)),
+        Command::ModeSense {
+            page,
+            subpage,
+            control,
+            no_block_descriptors,
+            alloc,
+            ten,
+        } => result(unit.mode_sense(page, subpage, control, no_block_descriptors, ten, alloc)),
+        Command::Read { lba, blocks, .. } => match transfer_len(unit, lba, blocks) {
+            Err(s) => Outcome::Check(s),
+            Ok(len) => {
+                let offset = lba * u64::from(BLOCK);
+                let r = call(b, move |b| {
+                    let mut buf = vec![0u8; len as usize];
+                    b.read_at(&mut buf, offset).map(|()| buf)
+                })
+                .await;
+                match r {
+                    Ok(buf) => Outcome::Good(buf),
+                    Err(_) => Outcome::Check(Sense::READ_ERROR),
+                }
+            }
+        },
+        Command::Write { lba, blocks, fua } => {
+            if unit.read_only {
+                return Outcome::Check(Sense::WRITE_PROTECTED);
+            }
+            let data = data.unwrap_or_default();
+            match transfer_len(unit, lba, blocks) {
+                Err(s) => Outcome::Check(s),
+                Ok(len) if len as usize != data.len() => {
+                    Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
+                }
+                Ok(_) => {
+                    let offset = lba * u64::from(BLOCK);
+                    match call(b, move |b| b.write_at(&data, offset, fua)).await {
+                        Ok(()) => Outcome::Good(Vec::new()),
+                        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+                    }
+                }
+            }
+        }
+        Command::SynchronizeCache { .. } => match call(b, |b| b.flush()).await {
+            Ok(()) => Outcome::Good(Vec::new()),
+            Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+        },
+        Command::ReportLuns { .. } => unreachable!("answered above"),
+        Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
+    }
+}
+
+fn result(r: Result<Vec<u8>, Sense>) -> Outcome {
+    match r {
+        Ok(d) => Outcome::Good(d),
+        Err(s) => Outcome::Check(s),
+    }
+}
