@@ -288,6 +288,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             );
         }
+        // Bound before anything says the server is up.
+        let iscsi = match cfg.iscsi {
+            Some(port) => Some(iscsi(&target, port).await?),
+            None => None,
+        };
         for (p, addr) in portals.iter().zip(target.local_addrs()) {
             match &p.device {
                 Some(dev) => info!("portal {addr} (bound to {dev})"),
@@ -333,10 +338,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             crate::metrics::serve(addr, collector).await?;
             info!("metrics on http://{addr}/metrics");
         }
-        let iscsi = match cfg.iscsi {
-            Some(port) => Some(iscsi(&target, port).await?),
-            None => None,
-        };
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",
             target.exports().iter().count(),
@@ -373,7 +374,7 @@ async fn iscsi(target: &Target, port: u16) -> Result<tokio::task::JoinHandle<()>
     let cfg = braid_target::iscsi::IscsiConfig::default();
     let server = braid_target::iscsi::IscsiServer::bind(&addrs, &target.exports(), &cfg).await?;
     for a in server.local_addrs() {
-        info!("iSCSI portal {a}");
+        info!("iSCSI listening on {a}");
     }
     for name in server.target_names() {
         info!("iSCSI target {name}");

@@ -1,7 +1,8 @@
 //! `braid serve --iscsi`: the exports as iSCSI targets, checked with
 //! libiscsi's own tools (discovery, INQUIRY, READ CAPACITY and its
-//! conformance suite) and, byte for byte, across both protocols: data
-//! written over iSCSI reads back over NBD and the other way round.
+//! conformance suites, writes included) and, byte for byte, across both
+//! protocols: data written over iSCSI reads back over NBD and the other
+//! way round.
 
 mod common;
 mod iscsikit;
@@ -118,6 +119,10 @@ fn libiscsis_conformance_suites_for_what_is_implemented_pass() {
         "SCSI.Write12",
         "SCSI.Write16",
         "SCSI.ModeSense6",
+        "SCSI.Unmap",
+        "SCSI.WriteSame10",
+        "SCSI.WriteSame16",
+        "SCSI.GetLBAStatus",
         "iSCSI.iSCSIcmdsn",
         "iSCSI.iSCSIdatasn",
         "iSCSI.iSCSIResiduals",

@@ -41,6 +41,29 @@ pub enum Command {
     ReportLuns {
         alloc: u32,
     },
+    /// UNMAP: the block descriptors come in the parameter list.
+    Unmap {
+        param_len: u16,
+    },
+    /// WRITE SAME (10) or (16): one block of data (none with NDOB, which
+    /// means zeroes) repeated over `blocks` (0: to the end of the medium).
+    WriteSame {
+        lba: u64,
+        blocks: u32,
+        unmap: bool,
+        no_data: bool,
+    },
+    /// GET LBA STATUS (SERVICE ACTION IN, service action 0x12).
+    GetLbaStatus {
+        lba: u64,
+        alloc: u32,
+    },
+    /// REPORT TARGET PORT GROUPS (MAINTENANCE IN, service action 0x0a).
+    ReportTargetPortGroups {
+        /// The extended header (parameter data format 1) was asked for.
+        extended: bool,
+        alloc: u32,
+    },
     ModeSense {
         page: u8,
         subpage: u8,
@@ -177,6 +200,40 @@ impl Command {
                 lba: be64(&cdb[2..10]),
                 blocks: be32(&cdb[10..14]),
             },
+            0x42 => {
+                if cdb[1] & 0x01 != 0 {
+                    // ANCHOR: anchored blocks are not offered.
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                Command::Unmap {
+                    param_len: be16(&cdb[7..9]),
+                }
+            }
+            0x41 | 0x93 => {
+                protect(cdb)?;
+                if cdb[1] & 0x10 != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                let (lba, blocks) = if opcode == 0x41 {
+                    (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])))
+                } else {
+                    (be64(&cdb[2..10]), be32(&cdb[10..14]))
+                };
+                Command::WriteSame {
+                    lba,
+                    blocks,
+                    unmap: cdb[1] & 0x08 != 0,
+                    no_data: opcode == 0x93 && cdb[1] & 0x01 != 0,
+                }
+            }
+            0x9e if cdb[1] & 0x1f == 0x12 => Command::GetLbaStatus {
+                lba: be64(&cdb[2..10]),
+                alloc: be32(&cdb[10..14]),
+            },
+            0xa3 if cdb[1] & 0x1f == 0x0a => Command::ReportTargetPortGroups {
+                extended: cdb[1] >> 5 == 1,
+                alloc: be32(&cdb[6..10]),
+            },
             0xa0 => Command::ReportLuns {
                 alloc: be32(&cdb[6..10]),
             },
@@ -199,9 +256,20 @@ impl Command {
         })
     }
 
+    /// Bytes of data the command takes from the initiator (Data-Out), if
+    /// any: a WRITE's blocks, WRITE SAME's one block, UNMAP's parameters.
+    pub fn data_out_len(&self, block: u32) -> Option<u64> {
+        match *self {
+            Command::Write { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
+            Command::WriteSame { no_data: false, .. } => Some(u64::from(block)),
+            Command::Unmap { param_len } => Some(u64::from(param_len)),
+            _ => None,
+        }
+    }
+
     /// Whether the command moves data from the initiator (Data-Out).
     pub fn writes(&self) -> bool {
-        matches!(self, Command::Write { .. })
+        self.data_out_len(512).is_some()
     }
 }
 
@@ -223,4 +291,40 @@ pub fn check_range(lba: u64, blocks: u32, capacity: u64) -> Result<(), Sense> {
         Some(end) if end <= capacity => Ok(()),
         _ => Err(Sense::LBA_OUT_OF_RANGE),
     }
+}
+
+/// One UNMAP block descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnmapRange {
+    pub lba: u64,
+    pub blocks: u32,
+}
+
+/// The block descriptors of an UNMAP parameter list.
+///
+/// # Errors
+///
+/// PARAMETER LIST LENGTH ERROR when the lengths inside disagree with the
+/// data, INVALID FIELD for more than `max` descriptors.
+pub fn unmap_ranges(params: &[u8], max: usize) -> Result<Vec<UnmapRange>, Sense> {
+    if params.is_empty() {
+        return Ok(Vec::new());
+    }
+    if params.len() < 8 {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    let desc_len = usize::from(be16(&params[2..4]));
+    if desc_len % 16 != 0 || 8 + desc_len > params.len() {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    if desc_len / 16 > max {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    Ok(params[8..8 + desc_len]
+        .chunks_exact(16)
+        .map(|d| UnmapRange {
+            lba: be64(&d[0..8]),
+            blocks: be32(&d[8..12]),
+        })
+        .collect())
 }

@@ -27,6 +27,9 @@ pub struct Unit {
     /// The relative port and target port group of the portal asked.
     pub relative_port: u16,
     pub port_group: u16,
+    /// Relative port ids of every portal serving the unit (one group,
+    /// every port active/optimized: braid uses all paths at once).
+    pub ports: Vec<u16>,
 }
 
 const VENDOR: &[u8; 8] = b"BRAID   ";
@@ -135,6 +138,7 @@ impl Unit {
 
     fn block_limits(&self) -> Vec<u8> {
         let mut p = vec![0u8; 0x3c];
+        p[0] = 0x01; // WSNZ: WRITE SAME must name how many blocks
         p[1] = 1; // maximum COMPARE AND WRITE length, in blocks
         p[4..8].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());
         p[8..12].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());
@@ -235,6 +239,34 @@ impl Unit {
     }
 }
 
+impl Unit {
+    /// REPORT TARGET PORT GROUPS: one group holding every port, in the
+    /// active/optimized state, which is the only state it supports (so
+    /// implicit ALUA initiators use every path and never wait for a
+    /// transition).
+    pub fn report_target_port_groups(&self, extended: bool, alloc: u32) -> Vec<u8> {
+        let mut desc = vec![
+            0x80, // PREF, asymmetric access state 0: active/optimized
+            0x01, // AO_SUP only
+        ];
+        desc.extend_from_slice(&self.port_group.to_be_bytes());
+        desc.extend_from_slice(&[0, 0, 0]); // reserved, status code, vendor
+        desc.push(u8::try_from(self.ports.len()).unwrap_or(u8::MAX));
+        for &p in self.ports.iter().take(255) {
+            desc.extend_from_slice(&[0, 0]);
+            desc.extend_from_slice(&p.to_be_bytes());
+        }
+        let header = if extended { 8 } else { 4 };
+        let mut d = ((header - 4 + desc.len()) as u32).to_be_bytes().to_vec();
+        if extended {
+            // Format type 1; implicit transition time 0: there are none.
+            d.extend_from_slice(&[0x10, 0, 0, 0]);
+        }
+        d.extend(desc);
+        cut(d, alloc as usize)
+    }
+}
+
 /// A VPD page: device type, page code, length, body.
 fn page(code: u8, body: Vec<u8>) -> Vec<u8> {
     let mut d = vec![0x00, code];
@@ -259,6 +291,19 @@ pub fn report_luns(luns: &[u16], alloc: u32) -> Vec<u8> {
         let mut e = [0u8; 8];
         e[0..2].copy_from_slice(&(lun & 0x3fff).to_be_bytes());
         d.extend_from_slice(&e);
+    }
+    cut(d, alloc as usize)
+}
+
+/// GET LBA STATUS: one descriptor per run, `(lba, blocks, deallocated)`.
+pub fn lba_status(runs: &[(u64, u32, bool)], alloc: u32) -> Vec<u8> {
+    let mut d = ((4 + 16 * runs.len()) as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(&[0; 4]);
+    for &(lba, blocks, hole) in runs {
+        d.extend_from_slice(&lba.to_be_bytes());
+        d.extend_from_slice(&blocks.to_be_bytes());
+        d.push(u8::from(hole)); // provisioning status: 1 deallocated
+        d.extend_from_slice(&[0; 3]);
     }
     cut(d, alloc as usize)
 }

@@ -159,7 +159,35 @@ fn unit() -> Unit {
         max_transfer_blocks: 65536,
         relative_port: 2,
         port_group: 1,
+        ports: vec![1, 2],
     }
+}
+
+#[test]
+fn one_port_group_with_every_port_active_optimized() {
+    let c = cdb16(&[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]);
+    assert_eq!(
+        Command::parse(&c),
+        Ok(Command::ReportTargetPortGroups {
+            extended: false,
+            alloc: 1024
+        })
+    );
+    let c = cdb16(&[0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]);
+    assert_eq!(
+        Command::parse(&c),
+        Ok(Command::ReportTargetPortGroups {
+            extended: true,
+            alloc: 1024
+        })
+    );
+    assert_eq!(
+        unit().report_target_port_groups(false, 1024),
+        [0, 0, 0, 16, 0x80, 0x01, 0, 1, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2]
+    );
+    let ext = unit().report_target_port_groups(true, 1024);
+    assert_eq!(&ext[..8], &[0, 0, 0, 20, 0x10, 0, 0, 0]);
+    assert_eq!(ext.len(), 24);
 }
 
 #[test]
@@ -267,4 +295,64 @@ fn capacity_luns_mode_pages_and_sense() {
 
     assert_eq!(request_sense(None, 18)[2], 0, "NO SENSE");
     assert_eq!(request_sense(Some(Sense::LBA_OUT_OF_RANGE), 18)[12], 0x21);
+}
+
+#[test]
+fn unmap_write_same_and_lba_status() {
+    use super::cdb::{unmap_ranges, UnmapRange};
+    assert_eq!(
+        Command::parse(&cdb16(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0])),
+        Ok(Command::Unmap { param_len: 24 })
+    );
+    assert_eq!(
+        Command::parse(&cdb16(&[0x42, 1, 0, 0, 0, 0, 0, 0, 24, 0])),
+        Err(Sense::INVALID_FIELD_IN_CDB),
+        "ANCHOR"
+    );
+    let mut params = vec![0, 22, 0, 16, 0, 0, 0, 0];
+    params.extend_from_slice(&77u64.to_be_bytes());
+    params.extend_from_slice(&8u32.to_be_bytes());
+    params.extend_from_slice(&[0; 4]);
+    assert_eq!(
+        unmap_ranges(&params, 256),
+        Ok(vec![UnmapRange { lba: 77, blocks: 8 }])
+    );
+    assert_eq!(
+        unmap_ranges(&params[..20], 256),
+        Err(Sense::PARAMETER_LIST_LENGTH)
+    );
+    assert_eq!(unmap_ranges(&params, 0), Err(Sense::INVALID_FIELD_IN_CDB));
+    assert_eq!(unmap_ranges(&[], 256), Ok(vec![]));
+
+    let ws16 = [0x93, 0x09, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 4, 0, 0];
+    let cmd = Command::parse(&ws16).unwrap();
+    assert_eq!(
+        cmd,
+        Command::WriteSame {
+            lba: 5,
+            blocks: 4,
+            unmap: true,
+            no_data: true
+        }
+    );
+    assert_eq!(cmd.data_out_len(512), None, "NDOB: no data");
+    let ws10 = cdb16(&[0x41, 0, 0, 0, 0, 9, 0, 0, 2, 0]);
+    let cmd = Command::parse(&ws10).unwrap();
+    assert_eq!(cmd.data_out_len(512), Some(512), "one block");
+    assert!(
+        Command::parse(&cdb16(&[0x41, 0x10, 0, 0, 0, 9, 0, 0, 2, 0])).is_err(),
+        "ANCHOR"
+    );
+
+    let c = cdb16(&[0x9e, 0x12, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 32, 0, 0]);
+    assert_eq!(
+        Command::parse(&c),
+        Ok(Command::GetLbaStatus { lba: 7, alloc: 32 })
+    );
+    let d = super::respond::lba_status(&[(0, 8, false), (8, 24, true)], 1024);
+    assert_eq!(&d[..8], &[0, 0, 0, 36, 0, 0, 0, 0]);
+    assert_eq!(
+        &d[8 + 16..8 + 32],
+        &[0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 24, 1, 0, 0, 0]
+    );
 }

@@ -46,6 +46,11 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx) {
 struct PendingWrite {
     cmd: Command,
     lun: u64,
+    /// Bytes the CDB names, and bytes the initiator said it would send:
+    /// when they differ, only the smaller moves and the response says by
+    /// how much (overflow or underflow).
+    cdb_bytes: u32,
+    expected: u32,
     transfer: WriteTransfer,
     buf: Vec<u8>,
 }
@@ -228,9 +233,10 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
         target = s.target.as_deref().unwrap_or("(discovery)"),
         "iSCSI login"
     );
+    let ports = u16::try_from(ctx.portals.len()).unwrap_or(u16::MAX);
     let unit = served
         .as_ref()
-        .map(|t| unit::describe(&t.export, ctx.port_id));
+        .map(|t| unit::describe(&t.export, ctx.port_id, ports));
     let mut writes: HashMap<u32, PendingWrite> = HashMap::new();
     while let Some(pdu) = c.next(&mut ctx.stop).await? {
         let b = pdu.bhs;
@@ -330,10 +336,28 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
                     reject(&mut c, &pdu, 0x09);
                     continue;
                 };
-                let at = w
-                    .transfer
-                    .data_out(&b, pdu.data.len() as u32)
-                    .map_err(|e| e.to_string())?;
+                let at = match w.transfer.data_out(&b, pdu.data.len() as u32) {
+                    Ok(at) => at,
+                    Err(e) => {
+                        // The task cannot complete as sent: it ends with
+                        // DATA PHASE ERROR, and the connection carries on.
+                        warn!("WRITE data out of turn: {e}");
+                        writes.remove(&itt);
+                        let sense = braid_iscsi::scsi::Sense::new(
+                            braid_iscsi::scsi::Key::AbortedCommand,
+                            0x4b,
+                            0x00,
+                        );
+                        c.scsi_response(
+                            itt,
+                            status::CHECK_CONDITION,
+                            Some(Bytes::from(sense.iscsi_segment())),
+                            0,
+                        );
+                        c.flush().await?;
+                        continue;
+                    }
+                };
                 w.buf[at as usize..at as usize + pdu.data.len()].copy_from_slice(&pdu.data);
                 if w.transfer.complete() {
                     let w = writes.remove(&itt).expect("present");
@@ -390,15 +414,37 @@ async fn command(
             return Ok(());
         }
     };
-    if let Command::Write { lba, blocks, .. } = cmd {
-        let total = match unit::transfer_len(unit, lba, blocks) {
-            Ok(t) if t == expected => t,
-            Ok(_) | Err(_) => {
-                // A length that disagrees with the CDB, or a range outside
-                // the unit: refused before any data is taken.
-                let sense = unit::transfer_len(unit, lba, blocks)
-                    .err()
-                    .unwrap_or(braid_iscsi::scsi::Sense::INVALID_FIELD_IN_CDB);
+    if let Some(wanted) = cmd.data_out_len(unit::BLOCK) {
+        // Checked before any data is taken: a WRITE's range and size, a
+        // parameter list's size.
+        let checked = match cmd {
+            Command::Write { lba, blocks, .. } => unit::transfer_len(unit, lba, blocks),
+            _ if wanted > 65_536 => Err(braid_iscsi::scsi::Sense::PARAMETER_LIST_LENGTH),
+            _ => Ok(wanted as u32),
+        };
+        // What moves is the smaller of what the CDB names and what the
+        // initiator expects to send.
+        let moved = checked.and_then(|cdb_bytes| {
+            let total = cdb_bytes.min(expected);
+            match cmd {
+                // A partial last block is taken from the wire but not
+                // written; the residual tells the initiator.
+                Command::Write { lba, fua, .. } => Ok((
+                    Command::Write {
+                        lba,
+                        blocks: total / unit::BLOCK,
+                        fua,
+                    },
+                    cdb_bytes,
+                    total,
+                )),
+                _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
+                _ => Err(braid_iscsi::scsi::Sense::PARAMETER_LIST_LENGTH),
+            }
+        });
+        let (cmd, cdb_bytes, total) = match moved {
+            Ok(m) => m,
+            Err(sense) => {
                 c.scsi_response(
                     itt,
                     status::CHECK_CONDITION,
@@ -408,9 +454,12 @@ async fn command(
                 return Ok(());
             }
         };
-        let mut transfer = WriteTransfer::new(
+        // Immediate data past what moves is not used (the initiator sent
+        // up to its expected length).
+        let immediate = pdu.data.len().min(total as usize);
+        let transfer = WriteTransfer::new(
             total,
-            pdu.data.len() as u32,
+            immediate as u32,
             params.initial_r2t,
             params.first_burst,
             params.max_burst,
@@ -418,30 +467,25 @@ async fn command(
         )
         .map_err(|e| e.to_string())?;
         let mut buf = vec![0u8; total as usize];
-        buf[..pdu.data.len()].copy_from_slice(&pdu.data);
-        if transfer.complete() {
-            let w = PendingWrite {
-                cmd,
-                lun,
-                transfer,
-                buf,
-            };
+        buf[..immediate].copy_from_slice(&pdu.data[..immediate]);
+        let w = PendingWrite {
+            cmd,
+            lun,
+            cdb_bytes,
+            expected,
+            transfer,
+            buf,
+        };
+        if w.transfer.complete() {
             finish_write(c, itt, w, served, unit).await;
             return Ok(());
         }
-        for r2t in transfer.r2ts() {
+        let mut w = w;
+        for r2t in w.transfer.r2ts() {
             let n = c.numbers(false);
             c.queue(&Pdu::new(r2t.bhs(itt, b.lun(), n), Bytes::new()));
         }
-        writes.insert(
-            itt,
-            PendingWrite {
-                cmd,
-                lun,
-                transfer,
-                buf,
-            },
-        );
+        writes.insert(itt, w);
         return Ok(());
     }
     match unit::execute(&served.export, unit, lun, cmd, None).await {
@@ -472,8 +516,13 @@ async fn command(
 }
 
 async fn finish_write(c: &mut Conn, itt: u32, w: PendingWrite, served: &Served, unit: &Unit) {
-    match unit::execute(&served.export, unit, w.lun, w.cmd, Some(w.buf)).await {
-        Outcome::Good(_) => c.scsi_response(itt, status::GOOD, None, 0),
+    let (have, expected) = (w.cdb_bytes, w.expected);
+    let mut buf = w.buf;
+    if let Command::Write { blocks, .. } = w.cmd {
+        buf.truncate((blocks * unit::BLOCK) as usize);
+    }
+    match unit::execute(&served.export, unit, w.lun, w.cmd, Some(buf)).await {
+        Outcome::Good(_) => c.scsi_response_residual(itt, status::GOOD, None, 0, have, expected),
         Outcome::Check(sense) => c.scsi_response(
             itt,
             status::CHECK_CONDITION,

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use braid_iscsi::scsi::cdb::unmap_ranges;
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::{check_range, Command, Sense};
 
@@ -25,26 +26,30 @@ pub enum Outcome {
 }
 
 /// The unit as SCSI describes it, for the portal with relative port id
-/// `port_id`.
-pub fn describe(export: &Export, port_id: u16) -> Unit {
-    let rotational = match &export.storage {
-        Storage::Local(b) => b.caps().rotational,
-        Storage::Forwarded(_) => false,
+/// `port_id` of `ports` portals (numbered from 1).
+pub fn describe(export: &Export, port_id: u16, ports: u16) -> Unit {
+    let (thin, rotational) = match &export.storage {
+        Storage::Local(b) => {
+            let c = b.caps();
+            // UNMAP punches holes, which read back as zeroes; without
+            // allocation status GET LBA STATUS could not answer.
+            (c.trim && c.extents, c.rotational)
+        }
+        Storage::Forwarded(_) => (false, false),
     };
     Unit {
         blocks: export.size() / u64::from(BLOCK),
         block_size: BLOCK,
         uuid: *export.volume.as_bytes(),
         read_only: export.read_only,
-        // UNMAP is not offered over iSCSI yet, so no provisioning is
-        // advertised (LBPME clear) even where the backend punches holes.
-        thin: false,
-        zeroes_after_unmap: false,
+        thin,
+        zeroes_after_unmap: thin,
         rotational,
         max_transfer_blocks: MAX_TRANSFER / BLOCK,
         relative_port: port_id,
         // Every portal is active/optimized, so all are one group.
         port_group: 1,
+        ports: (1..=ports).collect(),
     }
 }
 
@@ -161,6 +166,115 @@ pub async fn execute(
             Ok(()) => Outcome::Good(Vec::new()),
             Err(_) => Outcome::Check(Sense::WRITE_ERROR),
         },
+        Command::WriteSame { .. } | Command::Unmap { .. } if unit.read_only => {
+            Outcome::Check(Sense::WRITE_PROTECTED)
+        }
+        Command::WriteSame {
+            lba,
+            blocks,
+            unmap,
+            no_data,
+        } => {
+            if blocks == 0 || blocks > unit.max_transfer_blocks {
+                return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+            }
+            if let Err(s) = check_range(lba, blocks, unit.blocks) {
+                return Outcome::Check(s);
+            }
+            let block = if no_data {
+                vec![0u8; BLOCK as usize]
+            } else {
+                data.unwrap_or_default()
+            };
+            if block.len() != BLOCK as usize {
+                return Outcome::Check(Sense::PARAMETER_LIST_LENGTH);
+            }
+            let offset = lba * u64::from(BLOCK);
+            let len = u64::from(blocks) * u64::from(BLOCK);
+            let zero = block.iter().all(|&b| b == 0);
+            let trim = unmap && unit.thin;
+            let r = call(b, move |b| {
+                if zero {
+                    b.zero(offset, len, trim, false, false).map_err(|_| ())
+                } else {
+                    let mut buf = Vec::with_capacity(len as usize);
+                    for _ in 0..blocks {
+                        buf.extend_from_slice(&block);
+                    }
+                    b.write_at(&buf, offset, false).map_err(|_| ())
+                }
+            })
+            .await;
+            match r {
+                Ok(()) => Outcome::Good(Vec::new()),
+                Err(()) => Outcome::Check(Sense::WRITE_ERROR),
+            }
+        }
+        Command::Unmap { .. } | Command::GetLbaStatus { .. } if !unit.thin => {
+            Outcome::Check(Sense::INVALID_OPCODE)
+        }
+        Command::Unmap { .. } => {
+            let ranges = match unmap_ranges(&data.unwrap_or_default(), 256) {
+                Ok(r) => r,
+                Err(s) => return Outcome::Check(s),
+            };
+            for r in &ranges {
+                if let Err(s) = check_range(r.lba, r.blocks, unit.blocks) {
+                    return Outcome::Check(s);
+                }
+                if r.blocks > unit.max_transfer_blocks {
+                    return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+                }
+            }
+            let done = call(b, move |b| {
+                ranges.iter().try_for_each(|r| {
+                    b.trim(
+                        r.lba * u64::from(BLOCK),
+                        u64::from(r.blocks) * u64::from(BLOCK),
+                        false,
+                    )
+                })
+            })
+            .await;
+            match done {
+                Ok(()) => Outcome::Good(Vec::new()),
+                Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+            }
+        }
+        Command::GetLbaStatus { lba, alloc } => {
+            if lba >= unit.blocks {
+                return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+            }
+            let offset = lba * u64::from(BLOCK);
+            // One answer covers at most 1 GiB; initiators ask again from
+            // where it ends.
+            let span = (unit.blocks - lba).min(1 << 21) * u64::from(BLOCK);
+            match call(b, move |b| b.extents(offset, span)).await {
+                Ok(extents) => {
+                    let mut runs = Vec::new();
+                    let mut at = offset;
+                    let end = offset + span;
+                    for e in extents {
+                        if at >= end {
+                            break;
+                        }
+                        let len = e.len.min(end - at);
+                        let blocks = u32::try_from(len / u64::from(BLOCK)).unwrap_or(u32::MAX);
+                        if blocks == 0 {
+                            break;
+                        }
+                        let hole = e.flags & braid_proto::wire::state::HOLE != 0;
+                        runs.push((at / u64::from(BLOCK), blocks, hole));
+                        at += u64::from(blocks) * u64::from(BLOCK);
+                    }
+                    Outcome::Good(respond::lba_status(&runs, alloc))
+                }
+                Err(_) => Outcome::Check(Sense::READ_ERROR),
+            }
+        }
+        Command::ReportTargetPortGroups { extended, alloc } => {
+            Outcome::Good(unit.report_target_port_groups(extended, alloc))
+        }
         Command::ReportLuns { .. } => unreachable!("answered above"),
         Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
     }
