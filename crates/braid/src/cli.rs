@@ -480,9 +480,15 @@ pub struct ServeArgs {
     /// Also serve every export over iSCSI, as LUN 0 of target
     /// iqn.2026-11.org.braid-storage:NAME, on every portal's address at
     /// PORT [default: 3260]. Only READ/WRITE, SYNCHRONIZE CACHE and the
-    /// commands that describe the unit so far; no CHAP yet
+    /// commands that describe the unit so far
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3260")]
     pub iscsi: Option<u16>,
+
+    /// Require CHAP of every iSCSI login, with the credentials in FILE
+    /// (TOML: user, secret, and for mutual CHAP target_user and
+    /// target_secret; secrets of 12 to 255 bytes; keep the file 0600)
+    #[arg(long, value_name = "FILE", requires = "iscsi")]
+    pub iscsi_chap: Option<PathBuf>,
 
     /// Server certificate (PEM); with --tls-key, TLS is required of every
     /// TCP client (nothing is listed or served before STARTTLS)

@@ -22,6 +22,8 @@ pub struct ServeFile {
     pub metrics: Option<String>,
     /// Port of the iSCSI portals (`--iscsi`).
     pub iscsi: Option<u16>,
+    /// CHAP credentials file for iSCSI logins (`--iscsi-chap`).
+    pub iscsi_chap: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,
@@ -261,4 +263,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.exports[0].source, "mem:1GiB");
     }
+}
+
+/// An iSCSI CHAP credentials file (`--iscsi-chap`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChapFile {
+    pub user: String,
+    pub secret: String,
+    pub target_user: Option<String>,
+    pub target_secret: Option<String>,
 }

@@ -13,7 +13,7 @@ use braid_target::identity::{default_state_dir, IdentityStore};
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
 use braid_target::source::{format_size, parse_size, ExportSpec, Source};
 use braid_target::{Export, Exports, Limits, Target};
-use tracing::info;
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use crate::cli::{ServeArgs, UsageError};
@@ -36,6 +36,8 @@ struct ServeConfig {
     metrics: Option<std::net::SocketAddr>,
     /// Port of the iSCSI portals, when iSCSI is served.
     iscsi: Option<u16>,
+    /// CHAP credentials every iSCSI login must prove.
+    iscsi_chap: Option<braid_iscsi::chap::Credentials>,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -234,9 +236,18 @@ impl ServeConfig {
                  would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
             ));
         }
+        let iscsi_chap = args
+            .iscsi_chap
+            .or(file.iscsi_chap)
+            .map(|p| chap_credentials(&p))
+            .transpose()?;
+        if iscsi_chap.is_some() && iscsi.is_none() {
+            return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
+        }
         Ok(Self {
             metrics,
             iscsi,
+            iscsi_chap,
             listen,
             default_listen,
             read_only: args.read_only,
@@ -290,7 +301,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
-            Some(port) => Some(iscsi(&target, port).await?),
+            Some(port) => Some(iscsi(&target, port, cfg.iscsi_chap.clone()).await?),
             None => None,
         };
         for (p, addr) in portals.iter().zip(target.local_addrs()) {
@@ -362,7 +373,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
 }
 
 /// Starts the iSCSI portals: every NBD portal's address at `port`.
-async fn iscsi(target: &Target, port: u16) -> Result<tokio::task::JoinHandle<()>> {
+async fn iscsi(
+    target: &Target,
+    port: u16,
+    chap: Option<braid_iscsi::chap::Credentials>,
+) -> Result<tokio::task::JoinHandle<()>> {
     let addrs: Vec<std::net::SocketAddr> = target
         .local_addrs()
         .into_iter()
@@ -371,7 +386,16 @@ async fn iscsi(target: &Target, port: u16) -> Result<tokio::task::JoinHandle<()>
             a
         })
         .collect();
-    let cfg = braid_target::iscsi::IscsiConfig::default();
+    if chap.is_none() {
+        warn!(
+            "iSCSI without CHAP: any client that can connect (within an export's --allow list) \
+             may log in; --iscsi-chap FILE requires credentials"
+        );
+    }
+    let cfg = braid_target::iscsi::IscsiConfig {
+        chap,
+        ..Default::default()
+    };
     let server = braid_target::iscsi::IscsiServer::bind(&addrs, &target.exports(), &cfg).await?;
     for a in server.local_addrs() {
         info!("iSCSI listening on {a}");
@@ -381,6 +405,57 @@ async fn iscsi(target: &Target, port: u16) -> Result<tokio::task::JoinHandle<()>
     }
     let stop = target.stop_handle().subscribe();
     Ok(tokio::spawn(server.run(stop)))
+}
+
+/// Reads a CHAP credentials file: secrets of 12 to 255 bytes (RFC 7143
+/// asks at least 96 bits of a secret shared with a remote peer).
+fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Credentials> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the CHAP file {}", path.display()))?;
+    let f: crate::config::ChapFile =
+        toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let check = |what: &str, s: &str| {
+        if (12..=255).contains(&s.len()) {
+            Ok(s.as_bytes().to_vec())
+        } else {
+            Err(usage(format!(
+                "{}: {what} is {} bytes; CHAP secrets must be 12 to 255 bytes",
+                path.display(),
+                s.len()
+            )))
+        }
+    };
+    let secret = check("secret", &f.secret)?;
+    let mutual = match (f.target_user, f.target_secret) {
+        (Some(u), Some(s)) => Some((u, check("target_secret", &s)?)),
+        (None, None) => None,
+        _ => {
+            return Err(usage(format!(
+                "{}: mutual CHAP needs both target_user and target_secret",
+                path.display()
+            )))
+        }
+    };
+    if mutual.as_ref().is_some_and(|(_, s)| *s == secret) {
+        return Err(usage(format!(
+            "{}: target_secret must differ from secret (RFC 7143)",
+            path.display()
+        )));
+    }
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            warn!(
+                "{} can be read by other users; chmod 600 it",
+                path.display()
+            );
+        }
+    }
+    Ok(braid_iscsi::chap::Credentials {
+        user: f.user,
+        secret,
+        mutual,
+    })
 }
 
 fn open_exports(cfg: &ServeConfig) -> Result<Exports> {

@@ -256,3 +256,81 @@ fn iscsi_is_refused_beside_tls() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no TLS"), "{err}");
 }
+
+#[cfg_attr(
+    braid_skip = "iscsi-ls",
+    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn with_chap_only_the_right_secret_logs_in() {
+    if !tool("iscsi-ls") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("chap.toml");
+    std::fs::write(
+        &creds,
+        "user = \"alice\"\nsecret = \"correcthorsebattery\"\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let serve = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--iscsi",
+        &port.to_string(),
+        "--iscsi-chap",
+        creds.to_str().unwrap(),
+        "vol=mem:8MiB",
+    ]);
+    let inq = |userinfo: &str| {
+        output(
+            cmd("iscsi-inq").arg(format!("iscsi://{userinfo}127.0.0.1:{port}/{TARGET}/0")),
+            Duration::from_secs(60),
+        )
+    };
+    let ok = inq("alice%correcthorsebattery@");
+    assert!(
+        ok.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&ok.stderr),
+        serve.log()
+    );
+    for who in ["alice%wrongsecret1234@", "mallory%correcthorsebattery@", ""] {
+        let out = inq(who);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success() && said.contains("Authentication failure"),
+            "{who:?} got in:\n{said}"
+        );
+    }
+    let listed = run(cmd("iscsi-ls").args([
+        "-s",
+        &format!("iscsi://alice%correcthorsebattery@127.0.0.1:{port}"),
+    ]));
+    assert!(listed.contains(TARGET), "{listed}");
+}
+
+#[test]
+fn chap_secrets_shorter_than_twelve_bytes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("chap.toml");
+    std::fs::write(&creds, "user = \"alice\"\nsecret = \"short\"\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
+        .args([
+            "serve",
+            "--iscsi",
+            "--iscsi-chap",
+            creds.to_str().unwrap(),
+            "vol=mem:1MiB",
+        ])
+        .output()
+        .expect("braid serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("12 to 255 bytes"), "{err}");
+}

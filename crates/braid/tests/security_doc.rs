@@ -53,20 +53,19 @@ fn is_module(path: &Path, modules: &[String]) -> bool {
     p.ends_with(&as_file) || p.ends_with(&as_dir)
 }
 
-/// Whether some module file matching `modules` defines `fn name(`,
-/// inline test modules included (`mod tests` is part of the path then).
+/// Whether some module file matching `modules`, or a shorter prefix of
+/// them (the rest being inline modules such as `mod tests`), defines
+/// `fn name(`.
 fn defined(files: &[PathBuf], modules: &[String], name: &str) -> bool {
-    let (outer, inline) = match modules.split_last() {
-        Some((last, rest)) if last == "tests" && !rest.is_empty() => (rest, true),
-        _ => (modules, false),
-    };
-    files
-        .iter()
-        .filter(|f| is_module(f, modules) || (inline && is_module(f, outer)))
-        .any(|f| {
-            let text = std::fs::read_to_string(f).expect("readable source");
-            text.contains(&format!("fn {name}("))
-        })
+    (1..=modules.len()).rev().any(|k| {
+        files
+            .iter()
+            .filter(|f| is_module(f, &modules[..k]))
+            .any(|f| {
+                let text = std::fs::read_to_string(f).expect("readable source");
+                text.contains(&format!("fn {name}("))
+            })
+    })
 }
 
 #[test]

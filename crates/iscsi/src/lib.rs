@@ -13,6 +13,7 @@
 //! Still to come on this layer: CHAP, the initiator's login, task
 //! management, and the rest of the SCSI commands.
 
+pub mod chap;
 pub mod digest;
 pub mod discovery;
 pub mod login;

@@ -5,12 +5,15 @@
 //! Stages: security negotiation (0), operational negotiation (1), full
 //! feature phase (3). The initiator asks to move on with the T bit and
 //! the stage it wants next; the target agrees by answering with the same.
-//! Only `AuthMethod=None` is offered here; CHAP comes with the
-//! authentication work. A login that cannot go on is answered with a
-//! status class and detail, after which the connection ends.
+//! With credentials configured the security stage runs CHAP (MD5, and
+//! mutual CHAP when the initiator asks and the target has its own secret),
+//! and nothing moves past it unauthenticated; without, `AuthMethod=None`.
+//! A login that cannot go on is answered with a status class and detail,
+//! after which the connection ends.
 
 use bytes::Bytes;
 
+use crate::chap::{self, Credentials};
 use crate::negotiate::{self, Params};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
@@ -45,6 +48,26 @@ pub struct TargetConfig {
     pub digests: negotiate::Digests,
     /// The portal group this connection arrived on.
     pub portal_group_tag: u16,
+    /// CHAP credentials every login must prove; `None` allows AuthMethod
+    /// None.
+    pub chap: Option<Credentials>,
+    /// The random identifier and challenge this connection's CHAP uses
+    /// (the caller draws them: no I/O here, not even randomness).
+    pub chap_id: u8,
+    pub chap_challenge: [u8; 16],
+}
+
+/// Where CHAP stands on this connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Auth {
+    /// Not chosen yet (or not configured).
+    Start,
+    /// AuthMethod=CHAP agreed; CHAP_A next.
+    Chosen,
+    /// Challenge sent; CHAP_N and CHAP_R next.
+    Challenged,
+    /// The initiator proved itself (or no CHAP is configured).
+    Done,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +118,7 @@ pub struct TargetLogin {
     exp_cmd_sn: u32,
     started: bool,
     tpgt_sent: bool,
+    auth: Auth,
 }
 
 impl TargetLogin {
@@ -116,6 +140,7 @@ impl TargetLogin {
             exp_cmd_sn: 0,
             started: false,
             tpgt_sent: false,
+            auth: Auth::Start,
         }
     }
 
@@ -157,6 +182,13 @@ impl TargetLogin {
                 "login stage out of order",
             );
         }
+        if csg == OPERATIONAL && self.cfg.chap.is_some() && self.auth != Auth::Done {
+            return self.fail(
+                req,
+                Status::AUTH_FAILED,
+                "this target requires CHAP: the security stage cannot be skipped",
+            );
+        }
         // The security stage may be skipped by starting in operational.
         self.stage = csg;
         self.pending.extend_from_slice(&req.data);
@@ -195,6 +227,11 @@ impl TargetLogin {
         }
         let data = Bytes::from(text::encode(&answer));
         if !transit {
+            return Step::Continue(self.response(req, false, 0, data, Status::SUCCESS));
+        }
+        if self.cfg.chap.is_some() && self.auth != Auth::Done {
+            // An initiator may ask to move on at once; the target keeps it
+            // in the security stage (T clear) until CHAP is done.
             return Step::Continue(self.response(req, false, 0, data, Status::SUCCESS));
         }
         let next = match (self.stage, nsg) {
@@ -261,14 +298,22 @@ impl TargetLogin {
                     self.target = Some(value.clone());
                 }
                 "AuthMethod" => {
-                    let none = value.split(',').any(|v| v.trim() == "None");
-                    if !none {
+                    let offered = |m: &str| value.split(',').any(|v| v.trim() == m);
+                    let chosen = if self.cfg.chap.is_some() {
+                        "CHAP"
+                    } else {
+                        "None"
+                    };
+                    if !offered(chosen) {
                         return Err((
                             Status::AUTH_FAILED,
-                            format!("AuthMethod {value:?}: this target offers only None"),
+                            format!("AuthMethod {value:?}: this target requires {chosen}"),
                         ));
                     }
-                    answer.push(("AuthMethod".into(), "None".into()));
+                    if self.cfg.chap.is_some() {
+                        self.auth = Auth::Chosen;
+                    }
+                    answer.push(("AuthMethod".into(), chosen.into()));
                 }
                 _ => {}
             }
@@ -279,6 +324,7 @@ impl TargetLogin {
                 "InitiatorName is required".into(),
             ));
         }
+        self.chap_keys(pairs, answer)?;
         // A normal session learns its portal group in the first response
         // after it named its target.
         if self.target.is_some() && !self.tpgt_sent {
@@ -287,6 +333,75 @@ impl TargetLogin {
                 "TargetPortalGroupTag".into(),
                 self.cfg.portal_group_tag.to_string(),
             ));
+        }
+        Ok(())
+    }
+
+    /// CHAP's steps in the security stage; without credentials configured
+    /// the login is authenticated as soon as it starts.
+    fn chap_keys(
+        &mut self,
+        pairs: &[(String, String)],
+        answer: &mut Vec<(String, String)>,
+    ) -> Result<(), (Status, String)> {
+        let Some(creds) = self.cfg.chap.clone() else {
+            self.auth = Auth::Done;
+            return Ok(());
+        };
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let fail = |why: &str| Err((Status::AUTH_FAILED, why.to_owned()));
+        match self.auth {
+            Auth::Chosen => {
+                let Some(algs) = get("CHAP_A") else {
+                    return Ok(());
+                };
+                if !algs.split(',').any(|a| a.trim() == "5") {
+                    return fail("CHAP_A: this target speaks only MD5 (5)");
+                }
+                answer.push(("CHAP_A".into(), "5".into()));
+                answer.push(("CHAP_I".into(), self.cfg.chap_id.to_string()));
+                answer.push(("CHAP_C".into(), chap::to_hex(&self.cfg.chap_challenge)));
+                self.auth = Auth::Challenged;
+            }
+            Auth::Challenged => {
+                let (Some(name), Some(resp)) = (get("CHAP_N"), get("CHAP_R")) else {
+                    return fail("CHAP_N and CHAP_R were expected");
+                };
+                let want =
+                    chap::response(self.cfg.chap_id, &creds.secret, &self.cfg.chap_challenge);
+                let got = chap::from_hex(resp).unwrap_or_default();
+                if name != creds.user || !chap::same(&got, &want) {
+                    return fail("CHAP: wrong name or secret");
+                }
+                if let (Some(id), Some(challenge)) = (get("CHAP_I"), get("CHAP_C")) {
+                    let Some((target_user, target_secret)) = &creds.mutual else {
+                        return fail("mutual CHAP asked, but this target has no secret of its own");
+                    };
+                    let id: u8 = id
+                        .parse()
+                        .map_err(|_| (Status::AUTH_FAILED, "CHAP_I is not 0-255".to_owned()))?;
+                    let challenge = chap::from_hex(challenge)
+                        .ok_or((Status::AUTH_FAILED, "CHAP_C is not hex".to_owned()))?;
+                    if challenge == self.cfg.chap_challenge {
+                        // Our own challenge sent back would make us answer
+                        // it for the attacker (a reflection attack).
+                        return fail("CHAP_C repeats this target's challenge");
+                    }
+                    let r = chap::response(id, target_secret, &challenge);
+                    answer.push(("CHAP_N".into(), target_user.clone()));
+                    answer.push(("CHAP_R".into(), chap::to_hex(&r)));
+                }
+                self.auth = Auth::Done;
+            }
+            Auth::Start if get("CHAP_N").is_some() || get("CHAP_R").is_some() => {
+                return fail("CHAP keys before AuthMethod=CHAP was agreed");
+            }
+            Auth::Start | Auth::Done => {}
         }
         Ok(())
     }

@@ -28,6 +28,9 @@ fn target() -> TargetLogin {
             crc32c: true,
         },
         portal_group_tag: 3,
+        chap: None,
+        chap_id: 0,
+        chap_challenge: [0; 16],
     })
 }
 
@@ -242,4 +245,196 @@ fn logins_that_cannot_proceed_are_answered_with_their_status() {
     bad_text.data = Bytes::from_static(b"no equals sign\0");
     let (_, status) = failure(target().handle(&bad_text));
     assert_eq!(status, Status::INVALID_DURING_LOGIN);
+}
+
+mod chap_login {
+    use super::*;
+    use crate::chap::{self, Credentials};
+
+    const CHALLENGE: [u8; 16] = [7; 16];
+
+    fn target(mutual: bool) -> TargetLogin {
+        let mut cfg = TargetConfig {
+            targets: vec![TARGET.into()],
+            params: Params::default(),
+            digests: negotiate::Digests {
+                none: true,
+                crc32c: true,
+            },
+            portal_group_tag: 1,
+            chap: Some(Credentials {
+                user: "alice".into(),
+                secret: b"initiator-secret".to_vec(),
+                mutual: mutual.then(|| ("braid".to_owned(), b"target-secret!".to_vec())),
+            }),
+            chap_id: 42,
+            chap_challenge: CHALLENGE,
+        };
+        cfg.params.max_recv_data = 8192;
+        TargetLogin::new(cfg)
+    }
+
+    fn name() -> (&'static str, &'static str) {
+        ("InitiatorName", "iqn.2026-11.org.example:client")
+    }
+
+    /// AuthMethod, then CHAP_A: returns the target's CHAP_I and CHAP_C.
+    fn challenged(t: &mut TargetLogin) -> (u8, Vec<u8>) {
+        let step = t.handle(&request(
+            false,
+            false,
+            SECURITY,
+            0,
+            &[name(), ("TargetName", TARGET), ("AuthMethod", "CHAP,None")],
+        ));
+        let Step::Continue(resp) = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(get(&keys(&resp), "AuthMethod"), Some("CHAP"));
+        let step = t.handle(&request(false, false, SECURITY, 0, &[("CHAP_A", "5")]));
+        let Step::Continue(resp) = step else {
+            panic!("{step:?}")
+        };
+        let k = keys(&resp);
+        assert_eq!(get(&k, "CHAP_A"), Some("5"));
+        let id: u8 = get(&k, "CHAP_I").unwrap().parse().unwrap();
+        let c = chap::from_hex(get(&k, "CHAP_C").unwrap()).unwrap();
+        (id, c)
+    }
+
+    #[test]
+    fn mutual_chap_proves_both_sides() {
+        let mut t = target(true);
+        let (id, c) = challenged(&mut t);
+        assert_eq!((id, c.as_slice()), (42, &CHALLENGE[..]));
+        let r = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let mine = [9u8; 16];
+        let step = t.handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[
+                ("CHAP_N", "alice"),
+                ("CHAP_R", &r),
+                ("CHAP_I", "5"),
+                ("CHAP_C", &chap::to_hex(&mine)),
+            ],
+        ));
+        let Step::Continue(resp) = step else {
+            panic!("{step:?}")
+        };
+        let k = keys(&resp);
+        assert_eq!(get(&k, "CHAP_N"), Some("braid"));
+        let proof = chap::to_hex(&chap::response(5, b"target-secret!", &mine));
+        assert_eq!(get(&k, "CHAP_R"), Some(proof.as_str()));
+        let step = t.handle(&request(true, false, OPERATIONAL, FULL_FEATURE, &[]));
+        assert!(matches!(step, Step::Complete(..)), "{step:?}");
+    }
+
+    fn refused(step: Step) -> Status {
+        match step {
+            Step::Fail(_, status, _) => status,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_wrong_secret_a_skipped_stage_and_a_reflected_challenge_are_refused() {
+        let mut t = target(false);
+        let (id, c) = challenged(&mut t);
+        let wrong = chap::to_hex(&chap::response(id, b"guess", &c));
+        let step = t.handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[("CHAP_N", "alice"), ("CHAP_R", &wrong)],
+        ));
+        assert_eq!(refused(step), Status::AUTH_FAILED);
+
+        let mut t = target(false);
+        let (id, c) = challenged(&mut t);
+        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let step = t.handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[("CHAP_N", "mallory"), ("CHAP_R", &right)],
+        ));
+        assert_eq!(
+            refused(step),
+            Status::AUTH_FAILED,
+            "right secret, wrong name"
+        );
+
+        let step = target(false).handle(&request(
+            true,
+            false,
+            OPERATIONAL,
+            FULL_FEATURE,
+            &[name(), ("TargetName", TARGET)],
+        ));
+        assert_eq!(
+            refused(step),
+            Status::AUTH_FAILED,
+            "no skipping the security stage"
+        );
+
+        let step = target(false).handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[name(), ("TargetName", TARGET), ("AuthMethod", "None")],
+        ));
+        assert_eq!(
+            refused(step),
+            Status::AUTH_FAILED,
+            "AuthMethod None refused"
+        );
+
+        let mut t = target(true);
+        let (id, c) = challenged(&mut t);
+        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let step = t.handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[
+                ("CHAP_N", "alice"),
+                ("CHAP_R", &right),
+                ("CHAP_I", "1"),
+                ("CHAP_C", &chap::to_hex(&CHALLENGE)),
+            ],
+        ));
+        assert_eq!(
+            refused(step),
+            Status::AUTH_FAILED,
+            "our challenge reflected"
+        );
+
+        let mut t = target(false);
+        let (id, c) = challenged(&mut t);
+        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let step = t.handle(&request(
+            true,
+            false,
+            SECURITY,
+            OPERATIONAL,
+            &[
+                ("CHAP_N", "alice"),
+                ("CHAP_R", &right),
+                ("CHAP_I", "1"),
+                ("CHAP_C", "0x0102"),
+            ],
+        ));
+        assert_eq!(
+            refused(step),
+            Status::AUTH_FAILED,
+            "mutual asked, no target secret"
+        );
+    }
 }

@@ -32,6 +32,7 @@ pub(crate) struct Ctx {
     pub targets: Arc<Vec<Served>>,
     pub portals: Arc<Vec<SocketAddr>>,
     pub port_id: u16,
+    pub chap: Option<Arc<braid_iscsi::chap::Credentials>>,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -192,6 +193,11 @@ async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), St
             crc32c: true,
         },
         portal_group_tag: 1,
+        chap: ctx.chap.as_deref().cloned(),
+        // A fresh random challenge for every connection (a v4 UUID: 122
+        // random bits).
+        chap_id: uuid::Uuid::new_v4().as_bytes()[0],
+        chap_challenge: *uuid::Uuid::new_v4().as_bytes(),
     });
     let session = loop {
         let Some(pdu) = c.next(&mut ctx.stop).await? else {

@@ -29,12 +29,16 @@ pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.braid-storage:";
 pub struct IscsiConfig {
     /// Prefix of every target name (`iqn.YYYY-MM.reversed.domain:`).
     pub iqn_prefix: String,
+    /// CHAP credentials every login must prove (`None`: no
+    /// authentication).
+    pub chap: Option<braid_iscsi::chap::Credentials>,
 }
 
 impl Default for IscsiConfig {
     fn default() -> Self {
         Self {
             iqn_prefix: DEFAULT_IQN_PREFIX.to_owned(),
+            chap: None,
         }
     }
 }
@@ -49,6 +53,7 @@ pub(crate) struct Served {
 /// Bound iSCSI portals, ready to run.
 pub struct IscsiServer {
     listeners: Vec<TcpListener>,
+    chap: Option<Arc<braid_iscsi::chap::Credentials>>,
     targets: Arc<Vec<Served>>,
     portals: Arc<Vec<SocketAddr>>,
 }
@@ -86,6 +91,7 @@ impl IscsiServer {
             .collect();
         Ok(Self {
             listeners,
+            chap: cfg.chap.clone().map(Arc::new),
             targets: Arc::new(targets),
             portals: Arc::new(portals),
         })
@@ -107,9 +113,10 @@ impl IscsiServer {
         for (i, l) in self.listeners.into_iter().enumerate() {
             let (targets, portals, stop) =
                 (self.targets.clone(), self.portals.clone(), stop.clone());
+            let chap = self.chap.clone();
             // Relative target port ids count from 1.
             let port_id = u16::try_from(i + 1).unwrap_or(u16::MAX);
-            accepting.spawn(accept(l, port_id, targets, portals, stop));
+            accepting.spawn(accept(l, port_id, targets, portals, chap, stop));
         }
         while accepting.join_next().await.is_some() {}
     }
@@ -120,6 +127,7 @@ async fn accept(
     port_id: u16,
     targets: Arc<Vec<Served>>,
     portals: Arc<Vec<SocketAddr>>,
+    chap: Option<Arc<braid_iscsi::chap::Credentials>>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -136,6 +144,7 @@ async fn accept(
                     targets: targets.clone(),
                     portals: portals.clone(),
                     port_id,
+                    chap: chap.clone(),
                     stop: stop.clone(),
                 };
                 conns.spawn(conn::serve(stream, peer, ctx));
