@@ -334,3 +334,31 @@ fn chap_secrets_shorter_than_twelve_bytes_are_refused() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("12 to 255 bytes"), "{err}");
 }
+
+#[test]
+fn writes_whose_data_never_comes_cannot_pin_unbounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut serve = serve(dir.path(), port);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut i = iscsikit::Initiator::login(addr, TARGET);
+    // 8 MiB each, data never sent: the first four fit the 32 MiB a
+    // connection may hold for waiting WRITEs and are asked for (R2T); the
+    // fifth is turned away with TASK SET FULL.
+    let itts: Vec<u32> = (0..5).map(|_| i.write10_without_data(0, 16384)).collect();
+    let mut r2ts = 0;
+    loop {
+        let p = i.next_pdu();
+        match p.bhs.opcode() {
+            braid_iscsi::Opcode::R2t => r2ts += 1,
+            braid_iscsi::Opcode::ScsiResponse => {
+                assert_eq!(p.bhs.itt(), itts[4], "the fifth WRITE is the one refused");
+                assert_eq!(p.bhs.0[3], 0x28, "TASK SET FULL");
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(r2ts, 4);
+    serve.assert_healthy();
+}

@@ -98,6 +98,22 @@ impl Initiator {
         self.stream.write_all(&out).expect("send a PDU");
     }
 
+    /// Sends WRITE(10) of `blocks` at `lba` and no data at all, as a
+    /// hostile or broken initiator would; returns its task tag.
+    pub fn write10_without_data(&mut self, lba: u32, blocks: u16) -> u32 {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2a;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        self.command(cdb, false, true, u32::from(blocks) * 512, &[])
+            .itt()
+    }
+
+    /// The next PDU from the target.
+    pub fn next_pdu(&mut self) -> Pdu {
+        self.recv()
+    }
+
     fn recv(&mut self) -> Pdu {
         loop {
             if let Some(p) = self.framer.next(&mut self.buf).expect("a well-formed PDU") {

@@ -28,6 +28,13 @@ use super::Served;
 /// Commands the target lets an initiator have outstanding.
 const QUEUE_DEPTH: u32 = 64;
 
+/// Bytes of WRITE data one connection may have waiting for their
+/// Data-Out. Each waiting WRITE holds its whole buffer, so without a bound
+/// an initiator that sends commands and never their data could pin
+/// QUEUE_DEPTH x 8 MiB per connection; past it a WRITE is answered TASK
+/// SET FULL and the initiator retries it later.
+const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
+
 pub(crate) struct Ctx {
     pub targets: Arc<Vec<Served>>,
     pub portals: Arc<Vec<SocketAddr>>,
@@ -460,6 +467,11 @@ async fn command(
                 return Ok(());
             }
         };
+        let pending: usize = writes.values().map(|w| w.buf.len()).sum();
+        if pending + total as usize > MAX_PENDING_WRITE_BYTES {
+            c.scsi_response(itt, status::TASK_SET_FULL, None, 0);
+            return Ok(());
+        }
         // Immediate data past what moves is not used (the initiator sent
         // up to its expected length).
         let immediate = pdu.data.len().min(total as usize);
