@@ -302,6 +302,12 @@ mod chap_login {
         (id, c)
     }
 
+    /// The initiator's correct CHAP_R to this target's challenge.
+    fn right_answer(t: &mut TargetLogin) -> String {
+        let (id, c) = challenged(t);
+        chap::to_hex(&chap::response(id, b"initiator-secret", &c))
+    }
+
     #[test]
     fn mutual_chap_proves_both_sides() {
         let mut t = target(true);
@@ -354,8 +360,7 @@ mod chap_login {
         assert_eq!(refused(step), Status::AUTH_FAILED);
 
         let mut t = target(false);
-        let (id, c) = challenged(&mut t);
-        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let right = right_answer(&mut t);
         let step = t.handle(&request(
             true,
             false,
@@ -396,8 +401,7 @@ mod chap_login {
         );
 
         let mut t = target(true);
-        let (id, c) = challenged(&mut t);
-        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let right = right_answer(&mut t);
         let step = t.handle(&request(
             true,
             false,
@@ -417,8 +421,7 @@ mod chap_login {
         );
 
         let mut t = target(false);
-        let (id, c) = challenged(&mut t);
-        let right = chap::to_hex(&chap::response(id, b"initiator-secret", &c));
+        let right = right_answer(&mut t);
         let step = t.handle(&request(
             true,
             false,

@@ -49,7 +49,7 @@ mod imp {
 #[cfg(not(any(test, feature = "test-hooks")))]
 mod imp {
     #[derive(Debug, Default)]
-    pub struct Hold;
+    pub struct Hold {}
 
     impl Hold {
         pub const fn held(&self) -> bool {

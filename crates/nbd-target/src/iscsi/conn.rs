@@ -12,7 +12,7 @@ use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
 use braid_iscsi::scsi::respond::Unit;
 use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::Command;
+use braid_iscsi::scsi::{Command, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
 use braid_iscsi::window::{Place, Window};
 use braid_iscsi::{discovery, text, Digests};
@@ -128,31 +128,20 @@ impl Conn {
         b
     }
 
+    /// A SCSI Response; `have` and `expected` bytes give the residual
+    /// (overflow when the command had more data than the initiator
+    /// expected, underflow when less). Sent only when no Data-In carried
+    /// the status, so ExpDataSN is always 0.
     fn scsi_response(
         &mut self,
         itt: u32,
         outcome_status: u8,
-        sense: Option<Bytes>,
-        exp_data_sn: u32,
-    ) {
-        self.scsi_response_residual(itt, outcome_status, sense, exp_data_sn, 0, 0);
-    }
-
-    /// A SCSI Response; `have` and `expected` bytes give the residual
-    /// (overflow when the command had more data than the initiator
-    /// expected, underflow when less).
-    fn scsi_response_residual(
-        &mut self,
-        itt: u32,
-        outcome_status: u8,
-        sense: Option<Bytes>,
-        exp_data_sn: u32,
+        sense: Bytes,
         have: u32,
         expected: u32,
     ) {
         let mut b = self.header(Opcode::ScsiResponse, itt, true);
         b.0[3] = outcome_status;
-        b.set_u32(36, exp_data_sn);
         if have > expected {
             b.0[1] |= 0x04;
             b.set_u32(44, have - expected);
@@ -160,7 +149,13 @@ impl Conn {
             b.0[1] |= 0x02;
             b.set_u32(44, expected - have);
         }
-        self.queue(&Pdu::new(b, sense.unwrap_or_default()));
+        self.queue(&Pdu::new(b, sense));
+    }
+
+    /// CHECK CONDITION with `sense`.
+    fn check(&mut self, itt: u32, sense: Sense) {
+        let segment = Bytes::from(sense.iscsi_segment());
+        self.scsi_response(itt, status::CHECK_CONDITION, segment, 0, 0);
     }
 }
 
@@ -356,17 +351,8 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
                         // DATA PHASE ERROR, and the connection carries on.
                         warn!("WRITE data out of turn: {e}");
                         writes.remove(&itt);
-                        let sense = braid_iscsi::scsi::Sense::new(
-                            braid_iscsi::scsi::Key::AbortedCommand,
-                            0x4b,
-                            0x00,
-                        );
-                        c.scsi_response(
-                            itt,
-                            status::CHECK_CONDITION,
-                            Some(Bytes::from(sense.iscsi_segment())),
-                            0,
-                        );
+                        let sense = Sense::new(Key::AbortedCommand, 0x4b, 0x00);
+                        c.check(itt, sense);
                         c.flush().await?;
                         continue;
                     }
@@ -418,12 +404,7 @@ async fn command(
     let cmd = match Command::parse(&b.0[32..48]) {
         Ok(cmd) => cmd,
         Err(sense) => {
-            c.scsi_response(
-                itt,
-                status::CHECK_CONDITION,
-                Some(Bytes::from(sense.iscsi_segment())),
-                0,
-            );
+            c.check(itt, sense);
             return Ok(());
         }
     };
@@ -432,7 +413,7 @@ async fn command(
         // parameter list's size.
         let checked = match cmd {
             Command::Write { lba, blocks, .. } => unit::transfer_len(unit, lba, blocks),
-            _ if wanted > 65_536 => Err(braid_iscsi::scsi::Sense::PARAMETER_LIST_LENGTH),
+            _ if wanted > 65_536 => Err(Sense::PARAMETER_LIST_LENGTH),
             _ => Ok(wanted as u32),
         };
         // What moves is the smaller of what the CDB names and what the
@@ -452,24 +433,19 @@ async fn command(
                     total,
                 )),
                 _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
-                _ => Err(braid_iscsi::scsi::Sense::PARAMETER_LIST_LENGTH),
+                _ => Err(Sense::PARAMETER_LIST_LENGTH),
             }
         });
         let (cmd, cdb_bytes, total) = match moved {
             Ok(m) => m,
             Err(sense) => {
-                c.scsi_response(
-                    itt,
-                    status::CHECK_CONDITION,
-                    Some(Bytes::from(sense.iscsi_segment())),
-                    0,
-                );
+                c.check(itt, sense);
                 return Ok(());
             }
         };
         let pending: usize = writes.values().map(|w| w.buf.len()).sum();
         if pending + total as usize > MAX_PENDING_WRITE_BYTES {
-            c.scsi_response(itt, status::TASK_SET_FULL, None, 0);
+            c.scsi_response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
             return Ok(());
         }
         // Immediate data past what moves is not used (the initiator sent
@@ -511,7 +487,7 @@ async fn command(
         // SCSI Response.
         Outcome::Good(data) if data.is_empty() || expected == 0 => {
             let have = data.len() as u32;
-            c.scsi_response_residual(itt, status::GOOD, None, 0, have, expected)
+            c.scsi_response(itt, status::GOOD, Bytes::new(), have, expected)
         }
         Outcome::Good(data) => {
             let have = data.len() as u32;
@@ -523,12 +499,7 @@ async fn command(
                 c.queue(&Pdu::new(d.bhs, slice));
             }
         }
-        Outcome::Check(sense) => c.scsi_response(
-            itt,
-            status::CHECK_CONDITION,
-            Some(Bytes::from(sense.iscsi_segment())),
-            0,
-        ),
+        Outcome::Check(sense) => c.check(itt, sense),
     }
     Ok(())
 }
@@ -540,12 +511,7 @@ async fn finish_write(c: &mut Conn, itt: u32, w: PendingWrite, served: &Served, 
         buf.truncate((blocks * unit::BLOCK) as usize);
     }
     match unit::execute(&served.export, unit, w.lun, w.cmd, Some(buf)).await {
-        Outcome::Good(_) => c.scsi_response_residual(itt, status::GOOD, None, 0, have, expected),
-        Outcome::Check(sense) => c.scsi_response(
-            itt,
-            status::CHECK_CONDITION,
-            Some(Bytes::from(sense.iscsi_segment())),
-            0,
-        ),
+        Outcome::Good(_) => c.scsi_response(itt, status::GOOD, Bytes::new(), have, expected),
+        Outcome::Check(sense) => c.check(itt, sense),
     }
 }
