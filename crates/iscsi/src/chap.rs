@@ -47,7 +47,13 @@ pub fn to_hex(bytes: &[u8]) -> String {
 /// no initiator braid meets sends it for CHAP.
 pub fn from_hex(v: &str) -> Option<Vec<u8>> {
     let digits = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X"))?;
-    if digits.is_empty() || digits.len() % 2 != 0 || digits.len() > 2048 {
+    // Hex digits only: anything else (a multi-byte character above all)
+    // is refused before the digits are cut in pairs.
+    if digits.is_empty()
+        || digits.len() % 2 != 0
+        || digits.len() > 2048
+        || !digits.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return None;
     }
     (0..digits.len())
@@ -84,6 +90,9 @@ mod tests {
         assert_eq!(from_hex("0x0"), None);
         assert_eq!(from_hex("0xzz"), None);
         assert_eq!(from_hex("0bAAAA"), None);
+        // Found by fuzzing: a character of two bytes across a pair.
+        assert_eq!(from_hex("0xababaaD\u{496}gest"), None);
+        assert_eq!(from_hex("0x+1"), None, "from_str_radix would take the sign");
         assert!(same(&[1, 2], &[1, 2]) && !same(&[1, 2], &[1, 3]) && !same(&[1], &[1, 1]));
     }
 }

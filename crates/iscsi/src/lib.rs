@@ -10,12 +10,16 @@
 //! [`discovery`] answers SendTargets with every portal; [`window`] keeps
 //! the command numbering; [`transfer`] cuts READ data into Data-In and
 //! gathers WRITE data from immediate data, unsolicited Data-Out and R2Ts.
-//! Still to come on this layer: CHAP, the initiator's login, task
-//! management, and the rest of the SCSI commands.
+//! [`initiator`] is the other side: the initiator's login (CHAP and
+//! mutual CHAP), its full feature phase, SendTargets answers, the CDBs it
+//! sends and the answers it reads.
 
 pub mod chap;
 pub mod digest;
 pub mod discovery;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod initiator;
 pub mod login;
 pub mod negotiate;
 pub mod pdu;

@@ -65,10 +65,18 @@ fn replay(kind: &str) -> usize {
     let mut failures = Vec::new();
     for (target, file) in &inputs {
         let Some((_, run)) = TARGETS.iter().find(|(name, _)| name == target) else {
-            failures.push(format!(
-                "{}: no fuzz target named {target:?}",
-                file.display()
-            ));
+            // Another crate's target (iscsi_initiator) is replayed by that
+            // crate's own test; a folder naming no target at all is a typo.
+            let elsewhere = fuzz_dir()
+                .join("fuzz_targets")
+                .join(format!("{target}.rs"))
+                .is_file();
+            if !elsewhere {
+                failures.push(format!(
+                    "{}: no fuzz target named {target:?}",
+                    file.display()
+                ));
+            }
             continue;
         };
         let data = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));

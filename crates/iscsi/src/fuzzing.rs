@@ -1,0 +1,191 @@
+//! Entry points for cargo-fuzz (`fuzz/fuzz_targets/iscsi_initiator.rs`)
+//! and for the replay of every input it was seeded with or crashed on
+//! (`crates/iscsi/tests/fuzz_regressions.rs`). Not part of the API.
+//!
+//! [`initiator`] runs everything an initiator reads from a target through
+//! braid's initiator side: login responses (with mutual CHAP configured,
+//! so every CHAP step is reachable), then full-feature PDUs for a read, a
+//! write, a ping and a text request in flight, framed with the digests
+//! the login settled. Beyond "never panics" it checks that no Data-In
+//! is reported outside the command it answers, and runs every answer the
+//! session hands out through the parsers of sense data, unit pages and
+//! SendTargets answers.
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::chap::Credentials;
+use crate::initiator::login::{InitiatorLogin, Isid, Kind, LoggedIn, LoginConfig, Step};
+use crate::initiator::session::{Command, Event, Session};
+use crate::initiator::{cdb, sendtargets, sense::SenseData, unit};
+use crate::negotiate::Params;
+use crate::pdu::Framer;
+use crate::Digests;
+
+/// Most PDUs one input may feed, so a run stays short.
+const MAX_PDUS: usize = 256;
+
+/// How far an input got, so that the replay can check the seeds still
+/// reach past the login.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reached {
+    pub logged_in: bool,
+    /// Events the full feature phase reported.
+    pub events: usize,
+}
+
+/// The fuzz target: see the module's documentation.
+pub fn initiator(data: &[u8]) -> Reached {
+    let Some((&mode, rest)) = data.split_first() else {
+        return Reached::default();
+    };
+    let params = Params {
+        header_digest: mode & 1 != 0,
+        data_digest: mode & 2 != 0,
+        max_recv_data: 8192,
+        initial_r2t: mode & 4 != 0,
+        immediate_data: mode & 8 != 0,
+        first_burst: 16384,
+        max_burst: 65536,
+        ..Params::default()
+    };
+    let mut login = InitiatorLogin::new(LoginConfig {
+        initiator: "iqn.2026-11.org.braid-storage:fuzz".into(),
+        kind: Kind::Normal {
+            target: "iqn.2026-11.org.braid-storage:vol".into(),
+        },
+        isid: Isid::random(mode.into(), 1),
+        tsih: 0,
+        cid: 0,
+        cmd_sn: 1,
+        chap: Some(Credentials {
+            user: "u".into(),
+            secret: b"s".to_vec(),
+            mutual: (mode & 16 != 0).then(|| ("t".into(), b"ts".to_vec())),
+        }),
+        chap_id: 1,
+        chap_challenge: [7; 16],
+        params,
+    });
+    login.start();
+    let mut framer = Framer::new(8192);
+    let mut buf = BytesMut::from(rest);
+    let mut logged_in = None;
+    for _ in 0..MAX_PDUS {
+        let Ok(Some(pdu)) = framer.next(&mut buf) else {
+            break;
+        };
+        match login.handle(&pdu) {
+            Ok(Step::Send(_)) => {}
+            Ok(Step::Done(d)) => {
+                logged_in = Some(*d);
+                break;
+            }
+            Ok(Step::Redirect { address, .. }) => {
+                let _ = sendtargets::address(&address);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    // Without a completed login, the full feature phase runs anyway with
+    // the defaults, so the rest of the input still reaches it.
+    let reached_login = logged_in.is_some();
+    let logged_in = logged_in.unwrap_or(LoggedIn {
+        isid: Isid([0x80, 0, 0, 0, 0, 1]),
+        tsih: 1,
+        params: Params {
+            peer_max_recv_data: 8192,
+            ..params
+        },
+        portal_group_tag: None,
+        target_alias: None,
+        cmd_sn: 1,
+        exp_stat_sn: 1,
+        exp_cmd_sn: 1,
+        max_cmd_sn: 64,
+    });
+    let p = logged_in.params;
+    framer.set(
+        Digests {
+            header: p.header_digest,
+            data: p.data_digest,
+        },
+        p.max_recv_data.max(512) as usize,
+    );
+    Reached {
+        logged_in: reached_login,
+        events: full_feature(Session::new(&logged_in), &framer, &mut buf),
+    }
+}
+
+/// Returns how many events the session reported.
+fn full_feature(mut s: Session, framer: &Framer, buf: &mut BytesMut) -> usize {
+    let mut reads: HashMap<u32, u32> = HashMap::new();
+    let r = s.submit(Command {
+        lun: 0,
+        cdb: cdb::inquiry(Some(0x83), 4096),
+        read: 4096,
+        write: None,
+    });
+    reads.insert(r, 4096);
+    s.submit(Command {
+        lun: 0,
+        cdb: cdb::write16(0, 64, false),
+        read: 0,
+        write: Some(Bytes::from(vec![0x5a; 32768])),
+    });
+    s.ping();
+    s.text(Bytes::from_static(sendtargets::SEND_TARGETS_ALL));
+    while s.poll_transmit().is_some() {}
+    let mut got: HashMap<u32, Vec<u8>> = HashMap::new();
+    let mut events = 0;
+    for _ in 0..MAX_PDUS {
+        let Ok(Some(pdu)) = framer.next(buf) else {
+            break;
+        };
+        if s.receive(pdu).is_err() {
+            break;
+        }
+        while s.poll_transmit().is_some() {}
+        while let Some(e) = s.poll_event() {
+            events += 1;
+            match e {
+                Event::Data { itt, offset, data } => {
+                    let len = *reads.get(&itt).expect("data only for a read in flight");
+                    let end = offset as usize + data.len();
+                    assert!(end <= len as usize, "Data-In past the command's length");
+                    let b = got.entry(itt).or_insert_with(|| vec![0; len as usize]);
+                    b[offset as usize..end].copy_from_slice(&data);
+                }
+                Event::Complete { itt, .. } => {
+                    if let Some(d) = got.remove(&itt) {
+                        parse_all(&d);
+                    }
+                }
+                Event::Text { data, .. } => {
+                    let _ = sendtargets::parse(&data);
+                }
+                _ => {}
+            }
+        }
+    }
+    events
+}
+
+/// Every parser of a unit's answers, on the same bytes.
+fn parse_all(d: &[u8]) {
+    let _ = unit::Inquiry::parse(d);
+    let _ = unit::supported_pages(d);
+    let _ = unit::serial(d);
+    let _ = unit::designators(d);
+    let _ = unit::block_limits(d);
+    let _ = unit::provisioning(d);
+    let _ = unit::capacity16(d);
+    let _ = unit::caching(d);
+    let _ = unit::port_groups(d);
+    if let Some(s) = SenseData::parse(d) {
+        let _ = s.verdict();
+    }
+}

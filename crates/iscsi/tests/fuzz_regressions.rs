@@ -1,0 +1,80 @@
+//! Replays every input the `iscsi_initiator` fuzz target was seeded with
+//! (`fuzz/seeds/iscsi_initiator/`) or ever crashed on
+//! (`fuzz/regressions/iscsi_initiator/`) through the same entry point the
+//! cargo-fuzz target calls, so `cargo test` pins every crash `bench/fuzz`
+//! finds.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use braid_iscsi::fuzzing::{self, Reached};
+
+const TARGET: &str = "iscsi_initiator";
+
+fn dir(kind: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz")
+        .join(kind)
+        .join(TARGET)
+}
+
+/// Every file of `fuzz/<kind>/iscsi_initiator/`, sorted, with what each
+/// reached; every input that panics is listed.
+fn replay(kind: &str) -> Vec<(String, Reached)> {
+    let Ok(entries) = std::fs::read_dir(dir(kind)) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = entries
+        .map(|e| e.expect("reading a fuzz folder").path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    let mut failures = Vec::new();
+    for f in files {
+        let data = std::fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let name = f
+            .file_name()
+            .expect("a file name")
+            .to_string_lossy()
+            .into_owned();
+        match catch_unwind(AssertUnwindSafe(|| fuzzing::initiator(&data))) {
+            Ok(r) => out.push((name, r)),
+            Err(p) => {
+                let why = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_default();
+                failures.push(format!("{}: {why}", f.display()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "inputs that fail:\n  {}",
+        failures.join("\n  ")
+    );
+    out
+}
+
+#[test]
+fn every_crash_found_by_fuzzing_stays_fixed() {
+    replay("regressions");
+}
+
+#[test]
+fn the_seeds_run_clean_and_reach_the_full_feature_phase() {
+    let seeds = replay("seeds");
+    assert!(seeds.len() >= 4, "only {} seeds", seeds.len());
+    let (_, deep) = seeds
+        .iter()
+        .find(|(n, _)| n == "chap-then-everything")
+        .expect("the seed that logs in with CHAP");
+    assert!(deep.logged_in, "the CHAP seed no longer logs in");
+    assert!(
+        deep.events >= 5,
+        "the CHAP seed reaches only {} events",
+        deep.events
+    );
+}
