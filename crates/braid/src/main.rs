@@ -17,6 +17,7 @@ mod control;
 mod copy;
 mod ctl;
 mod demo;
+mod doctor;
 mod logging;
 mod manual;
 mod metrics;
@@ -49,12 +50,16 @@ fn main() -> ExitCode {
         cli::Command::Policy(args) => status::policy(args),
         cli::Command::Path(args) => status::path(args),
         cli::Command::Tls(cli::TlsCommand::Init(args)) => tls::init(args),
+        cli::Command::Doctor(args) => doctor::run(args),
         cli::Command::Completions(args) => manual::completions(args),
         cli::Command::Manpages(args) => manual::manpages(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(cli::Exit(code)) = e.downcast_ref::<cli::Exit>() {
+                return ExitCode::from(*code);
+            }
             let usage = e.downcast_ref::<cli::UsageError>().is_some();
             out::errln!("braid: error: {e:#}");
             if usage {
