@@ -73,6 +73,9 @@ pub enum Command {
     Policy(PolicyArgs),
     /// Take a path of an attached volume out of use, or back (maintenance)
     Path(PathArgs),
+    /// Set the ALUA state of a serve's iSCSI portal (drain it before maintenance)
+    #[command(after_long_help = ALUA_EXAMPLES)]
+    Alua(AluaArgs),
     /// TLS helpers: `braid tls init DIR` makes a CA and certificates
     #[command(subcommand)]
     Tls(TlsCommand),
@@ -258,6 +261,57 @@ pub struct PolicyArgs {
     #[arg(value_enum)]
     pub policy: PolicyName,
     /// The attach's control socket [default: found in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+const ALUA_EXAMPLES: &str = "\
+Each iSCSI portal of braid serve is its own target port group. Initiators
+that follow ALUA (Linux multipath with prio alua, Windows MPIO, VMware's
+VMW_SATP_ALUA) move I/O off a portal in standby or unavailable and back
+when it is active again; every session is told with a unit attention.
+
+Examples:
+  braid alua 10.0.1.5:3260 standby            drain the portal
+  braid alua 10.0.1.5:3260 active-optimized   and take it back
+  braid status                                shows each portal's state";
+
+/// An ALUA asymmetric access state (SPC-5 5.16.2.4).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AluaState {
+    /// Full speed: the initiator's preferred paths
+    ActiveOptimized,
+    /// Works, but initiators use it only when no optimized path is left
+    ActiveNonOptimized,
+    /// Answers only inquiries (NOT READY to I/O): drained
+    Standby,
+    /// Answers only inquiries, and is not expected back soon
+    Unavailable,
+    /// Changing state: initiators retry I/O elsewhere or later
+    Transitioning,
+}
+
+impl AluaState {
+    /// The name the control socket uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AluaState::ActiveOptimized => "active-optimized",
+            AluaState::ActiveNonOptimized => "active-non-optimized",
+            AluaState::Standby => "standby",
+            AluaState::Unavailable => "unavailable",
+            AluaState::Transitioning => "transitioning",
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct AluaArgs {
+    /// The iSCSI portal, ADDR:PORT as `braid status` shows it
+    pub portal: String,
+    /// Its new access state
+    #[arg(value_enum)]
+    pub state: AluaState,
+    /// The serve's control socket [default: the serve that has the portal]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
 }

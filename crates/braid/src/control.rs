@@ -180,3 +180,32 @@ pub async fn find_volume(volume: &str) -> Result<PathBuf> {
         _ => bail!("several processes have a volume named {volume:?}: {found:?}"),
     }
 }
+
+/// The control socket of the serve that has iSCSI portal `portal`.
+///
+/// # Errors
+///
+/// No running serve has it.
+pub async fn find_iscsi_portal(portal: &str) -> Result<PathBuf> {
+    let mut known = Vec::new();
+    for (path, status) in discover().await {
+        if let Status::Serve {
+            iscsi: Some(iscsi), ..
+        } = &status
+        {
+            for p in &iscsi.portals {
+                if p.portal == portal {
+                    return Ok(path);
+                }
+                known.push(p.portal.clone());
+            }
+        }
+    }
+    if known.is_empty() {
+        bail!("no running braid serve has iSCSI portals (braid serve --iscsi starts them)");
+    }
+    bail!(
+        "no running braid serve has iSCSI portal {portal}; the portals are {}",
+        known.join(", ")
+    )
+}

@@ -28,6 +28,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         set: Option<Vec<String>>,
     },
+    /// Sets the ALUA access state of a serve's iSCSI portal (its target
+    /// port group): `state` is one of active-optimized,
+    /// active-non-optimized, standby, unavailable, transitioning.
+    Alua {
+        portal: String,
+        state: String,
+    },
 }
 
 /// The answer to `policy` and `path`.
@@ -74,7 +81,28 @@ pub enum Status {
         portals: Vec<String>,
         exports: Vec<ExportStatus>,
         connections: Vec<ConnStatus>,
+        /// The iSCSI side, when served.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iscsi: Option<IscsiStatus>,
     },
+}
+
+/// A serve's iSCSI targets and portals.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiStatus {
+    pub targets: Vec<String>,
+    pub portals: Vec<IscsiPortalStatus>,
+}
+
+/// One iSCSI portal: its portal group (also its target port group and
+/// relative target port) and ALUA access state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiPortalStatus {
+    pub portal: String,
+    pub group: u16,
+    pub state: String,
 }
 
 /// `braid status --json`: every process that answered.

@@ -18,6 +18,7 @@ mod copy;
 mod ctl;
 mod demo;
 mod doctor;
+mod iscsi;
 mod logging;
 mod manual;
 mod metrics;
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         cli::Command::Status(args) => status::status(args),
         cli::Command::Policy(args) => status::policy(args),
         cli::Command::Path(args) => status::path(args),
+        cli::Command::Alua(args) => status::alua(args),
         cli::Command::Tls(cli::TlsCommand::Init(args)) => tls::init(args),
         cli::Command::Doctor(args) => doctor::run(args),
         cli::Command::Completions(args) => manual::completions(args),

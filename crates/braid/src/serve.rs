@@ -13,7 +13,7 @@ use braid_target::identity::{default_state_dir, IdentityStore};
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
 use braid_target::source::{format_size, parse_size, ExportSpec, Source};
 use braid_target::{Export, Exports, Limits, Target};
-use tracing::{info, warn};
+use tracing::info;
 use uuid::Uuid;
 
 use crate::cli::{ServeArgs, UsageError};
@@ -239,7 +239,7 @@ impl ServeConfig {
         let iscsi_chap = args
             .iscsi_chap
             .or(file.iscsi_chap)
-            .map(|p| chap_credentials(&p))
+            .map(|p| crate::iscsi::chap_credentials(&p))
             .transpose()?;
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
@@ -301,7 +301,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
-            Some(port) => Some(iscsi(&target, port, cfg.iscsi_chap.clone()).await?),
+            Some(port) => {
+                let chap = cfg.iscsi_chap.clone();
+                Some(crate::iscsi::start(&target, &portals, port, chap).await?)
+            }
             None => None,
         };
         for (p, addr) in portals.iter().zip(target.local_addrs()) {
@@ -337,9 +340,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 None => a.to_string(),
             })
             .collect();
+        let iscsi_handle = iscsi.as_ref().map(|(_, h)| h.clone());
         let _control = control::serve(
             &cfg.control,
-            handler(registry, target.exports(), portals_shown, rates),
+            handler(
+                registry,
+                target.exports(),
+                portals_shown,
+                iscsi_handle,
+                rates,
+            ),
         )?;
         if let Some(addr) = cfg.metrics {
             let collector = crate::metrics::target::TargetCollector {
@@ -357,7 +367,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         let exports = target.exports();
         target.run().await.context("flushing exports at exit")?;
-        if let Some(task) = iscsi {
+        if let Some((task, _)) = iscsi {
             // iSCSI writes that were still running when NBD's final flush
             // ran: flushed once more now that every connection is gone.
             let _ = task.await;
@@ -369,92 +379,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         info!("stopped");
         anyhow::Ok(())
-    })
-}
-
-/// Starts the iSCSI portals: every NBD portal's address at `port`.
-async fn iscsi(
-    target: &Target,
-    port: u16,
-    chap: Option<braid_iscsi::chap::Credentials>,
-) -> Result<tokio::task::JoinHandle<()>> {
-    let addrs: Vec<std::net::SocketAddr> = target
-        .local_addrs()
-        .into_iter()
-        .map(|mut a| {
-            a.set_port(port);
-            a
-        })
-        .collect();
-    if chap.is_none() {
-        warn!(
-            "iSCSI without CHAP: any client that can connect (within an export's --allow list) \
-             may log in; --iscsi-chap FILE requires credentials"
-        );
-    }
-    let cfg = braid_target::iscsi::IscsiConfig {
-        chap,
-        ..Default::default()
-    };
-    let server = braid_target::iscsi::IscsiServer::bind(&addrs, &target.exports(), &cfg).await?;
-    for a in server.local_addrs() {
-        info!("iSCSI listening on {a}");
-    }
-    for name in server.target_names() {
-        info!("iSCSI target {name}");
-    }
-    let stop = target.stop_handle().subscribe();
-    Ok(tokio::spawn(server.run(stop)))
-}
-
-/// Reads a CHAP credentials file: secrets of 12 to 255 bytes (RFC 7143
-/// asks at least 96 bits of a secret shared with a remote peer).
-fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Credentials> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the CHAP file {}", path.display()))?;
-    let f: crate::config::ChapFile =
-        toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    let check = |what: &str, s: &str| {
-        if (12..=255).contains(&s.len()) {
-            Ok(s.as_bytes().to_vec())
-        } else {
-            Err(usage(format!(
-                "{}: {what} is {} bytes; CHAP secrets must be 12 to 255 bytes",
-                path.display(),
-                s.len()
-            )))
-        }
-    };
-    let secret = check("secret", &f.secret)?;
-    let mutual = match (f.target_user, f.target_secret) {
-        (Some(u), Some(s)) => Some((u, check("target_secret", &s)?)),
-        (None, None) => None,
-        _ => {
-            return Err(usage(format!(
-                "{}: mutual CHAP needs both target_user and target_secret",
-                path.display()
-            )))
-        }
-    };
-    if mutual.as_ref().is_some_and(|(_, s)| *s == secret) {
-        return Err(usage(format!(
-            "{}: target_secret must differ from secret (RFC 7143)",
-            path.display()
-        )));
-    }
-    if let Ok(meta) = std::fs::metadata(path) {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            warn!(
-                "{} can be read by other users; chmod 600 it",
-                path.display()
-            );
-        }
-    }
-    Ok(braid_iscsi::chap::Credentials {
-        user: f.user,
-        secret,
-        mutual,
     })
 }
 
@@ -566,13 +490,21 @@ fn handler(
     registry: Arc<braid_target::registry::Registry>,
     exports: Arc<Exports>,
     portals: Vec<String>,
+    iscsi: Option<braid_target::iscsi::IscsiHandle>,
     rates: Arc<Mutex<Rates>>,
 ) -> control::Handler {
     use crate::ctl;
     Arc::new(move |req: ctl::Request| {
-        if req != ctl::Request::Status {
-            let no = ctl::Ack::refused("braid serve answers only op status");
-            return serde_json::to_value(no).unwrap_or_default();
+        match req {
+            ctl::Request::Status => {}
+            ctl::Request::Alua { portal, state } => {
+                let ack = crate::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
+                return serde_json::to_value(ack).unwrap_or_default();
+            }
+            _ => {
+                let no = ctl::Ack::refused("braid serve answers op status and alua");
+                return serde_json::to_value(no).unwrap_or_default();
+            }
         }
         let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
@@ -618,6 +550,7 @@ fn handler(
             portals: portals.clone(),
             exports,
             connections,
+            iscsi: iscsi.as_ref().map(crate::iscsi::status),
         };
         serde_json::to_value(status).unwrap_or_default()
     })

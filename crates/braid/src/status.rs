@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use braid_target::source::format_size;
 
-use crate::cli::{PathArgs, PolicyArgs, StatusArgs, UsageError};
+use crate::cli::{AluaArgs, PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;
 use crate::ctl::{Ack, Processes, Request, Status, VolumeStatus};
 use crate::out::{self, out, outln};
@@ -88,11 +88,18 @@ pub fn render(s: &Status) -> String {
             portals,
             exports,
             connections,
+            iscsi,
             ..
         } => {
             out.push_str(&format!("braid serve pid {pid}\n"));
             for p in portals {
                 out.push_str(&format!("  portal {p}\n"));
+            }
+            for p in iscsi.iter().flat_map(|i| &i.portals) {
+                out.push_str(&format!(
+                    "  iSCSI portal {} group {} {}\n",
+                    p.portal, p.group, p.state
+                ));
             }
             for e in exports {
                 out.push_str(&format!(
@@ -244,6 +251,23 @@ pub fn path(args: PathArgs) -> Result<()> {
             Some(c) => outln!("{}: path {} {c}", args.volume, args.path),
             None => outln!("{}: path {} {done}", args.volume, args.path),
         }
+        Ok(())
+    })
+}
+
+pub fn alua(args: AluaArgs) -> Result<()> {
+    let req = Request::Alua {
+        portal: args.portal.clone(),
+        state: args.state.as_str().to_owned(),
+    };
+    runtime()?.block_on(async {
+        let sock = match &args.control {
+            Some(p) => p.clone(),
+            None => control::find_iscsi_portal(&args.portal).await?,
+        };
+        let ack: Ack = control::request(&sock, &req).await?;
+        expect_ok(&ack)?;
+        outln!("iSCSI portal {}: {}", args.portal, args.state.as_str());
         Ok(())
     })
 }

@@ -59,7 +59,7 @@ fn libiscsi_discovers_every_portal_and_sees_one_unit_behind_them() {
         "{listed}\n{}",
         serve.log()
     );
-    for portal in [format!("127.0.0.1:{port},1"), format!("127.0.0.2:{port},1")] {
+    for portal in [format!("127.0.0.1:{port},1"), format!("127.0.0.2:{port},2")] {
         assert!(listed.contains(&portal), "{portal} missing:\n{listed}");
     }
     let serials: Vec<String> = ["127.0.0.1", "127.0.0.2"]
@@ -85,6 +85,7 @@ fn libiscsi_discovers_every_portal_and_sees_one_unit_behind_them() {
     ]));
     for want in [
         "Designator Type:(3) NAA",
+        "Designator Type:(8) SCSI_NAME_STRING",
         "Designator Type:(5) TARGET_PORT_GROUP",
         "Designator Type:(4) RELATIVE_TARGET_PORT",
     ] {

@@ -5,8 +5,9 @@
 //! clock: callers feed it bytes and take bytes and PDUs out, and every rule
 //! is tested with byte vectors.
 //!
-//! [`login`] is the target's side of a login (AuthMethod None); [`scsi`]
-//! reads the CDBs a block target answers and writes their sense data;
+//! [`login`] is the target's side of a login (CHAP or none); [`scsi`]
+//! reads the CDBs a block target answers, writes their data and sense,
+//! and holds the rules of ALUA access states and unit attentions;
 //! [`discovery`] answers SendTargets with every portal; [`window`] keeps
 //! the command numbering; [`transfer`] cuts READ data into Data-In and
 //! gathers WRITE data from immediate data, unsolicited Data-Out and R2Ts.

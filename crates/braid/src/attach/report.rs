@@ -168,6 +168,9 @@ pub(super) fn handler(volumes: Volumes, rates: Arc<Mutex<Rates>>) -> control::Ha
                     )),
                 }
             }
+            ctl::Request::Alua { .. } => answer(ctl::Ack::refused(
+                "braid attach has no iSCSI portals; ask the braid serve that has them",
+            )),
         }
     })
 }

@@ -1,9 +1,15 @@
-//! A minimal iSCSI initiator for tests, on `braid-iscsi`'s framing: log in
-//! to a normal session, WRITE(10) and READ(10) with data checked by the
-//! caller. Deliberately plain (one command at a time, immediate data,
-//! then Data-Out as R2Ts ask), so that a test can drive the target with
-//! exact bytes; interop with a real initiator is libiscsi's part.
+//! A small iSCSI initiator for tests, on `braid-iscsi`'s framing: log in
+//! to a normal session and run SCSI commands with exact bytes, one at a
+//! time or several in flight, with the status, sense and data of each
+//! handed back to the test. Deliberately plain (immediate data, then
+//! Data-Out as R2Ts ask), so that a test controls what the target sees;
+//! interop with real initiators is libiscsi's part.
 
+#![allow(dead_code)]
+
+pub mod vpd;
+
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -11,6 +17,33 @@ use std::time::Duration;
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
 use braid_iscsi::{text, Digests};
 use bytes::{Bytes, BytesMut};
+
+/// What a command came back with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u8,
+    /// Sense key, ASC and ASCQ of a CHECK CONDITION.
+    pub sense: Option<(u8, u8, u8)>,
+    pub data: Vec<u8>,
+}
+
+impl Reply {
+    pub fn good(&self) -> bool {
+        self.status == 0
+    }
+}
+
+pub const GOOD: u8 = 0x00;
+pub const CHECK_CONDITION: u8 = 0x02;
+pub const RESERVATION_CONFLICT: u8 = 0x18;
+
+/// A command sent and not yet answered.
+struct Task {
+    data_out: Vec<u8>,
+    data_in: Vec<u8>,
+    /// Bytes of Data-In received.
+    received: usize,
+}
 
 pub struct Initiator {
     stream: TcpStream,
@@ -21,14 +54,35 @@ pub struct Initiator {
     itt: u32,
     /// The target's MaxRecvDataSegmentLength.
     max_send: usize,
+    tasks: HashMap<u32, Task>,
+    done: HashMap<u32, Reply>,
+    /// PDUs that answer no command (Async Messages, NOP-Ins, task
+    /// management responses), in arrival order.
+    pub other: Vec<Pdu>,
 }
+
+/// Who logs in.
+pub struct LoginAs<'a> {
+    pub initiator: &'a str,
+    pub isid: [u8; 6],
+}
+
+pub const DEFAULT_INITIATOR: LoginAs<'static> = LoginAs {
+    initiator: "iqn.2026-11.org.braid-storage:test-initiator",
+    isid: [0x80, 0, 0, 0x42, 0, 1],
+};
 
 impl Initiator {
     /// Logs in to `target` at `addr`, straight into the operational stage.
     pub fn login(addr: std::net::SocketAddr, target: &str) -> Initiator {
+        Self::login_as(addr, target, &DEFAULT_INITIATOR)
+    }
+
+    /// Logs in as `who`.
+    pub fn login_as(addr: std::net::SocketAddr, target: &str, who: &LoginAs) -> Initiator {
         let stream = TcpStream::connect(addr).expect("connect to the iSCSI portal");
         stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .set_read_timeout(Some(Duration::from_secs(20)))
             .expect("timeout");
         let mut i = Initiator {
             stream,
@@ -38,18 +92,18 @@ impl Initiator {
             exp_stat_sn: 0,
             itt: 1,
             max_send: 8192,
+            tasks: HashMap::new(),
+            done: HashMap::new(),
+            other: Vec::new(),
         };
         let mut b = Bhs::new(Opcode::LoginRequest);
         b.set_immediate(true);
         b.0[1] = 0x80 | (1 << 2) | 3; // T, operational -> full feature
-        b.0[8..14].copy_from_slice(&[0x80, 0, 0, 0x42, 0, 1]);
+        b.0[8..14].copy_from_slice(&who.isid);
         b.set_itt(0);
         b.set_u32(24, i.cmd_sn);
         let keys = text::encode(&[
-            (
-                "InitiatorName",
-                "iqn.2026-11.org.braid-storage:test-initiator",
-            ),
+            ("InitiatorName", who.initiator),
             ("SessionType", "Normal"),
             ("TargetName", target),
             ("HeaderDigest", "CRC32C"),
@@ -58,7 +112,7 @@ impl Initiator {
             ("InitialR2T", "Yes"),
             ("ImmediateData", "Yes"),
         ]);
-        i.send(&Pdu::new(b, Bytes::from(keys)));
+        i.send(&Pdu::new(b, Bytes::from(keys)), Digests::default());
         let resp = i.recv();
         assert_eq!(resp.bhs.opcode(), Opcode::LoginResponse);
         assert_eq!((resp.bhs.0[36], resp.bhs.0[37]), (0, 0), "login status");
@@ -74,44 +128,14 @@ impl Initiator {
         assert_eq!(get("HeaderDigest"), "CRC32C");
         i.max_send = get("MaxRecvDataSegmentLength").parse().expect("a number");
         i.exp_stat_sn = resp.bhs.u32_at(24).wrapping_add(1);
-        i.framer.set(
-            Digests {
-                header: true,
-                data: true,
-            },
-            1 << 20,
-        );
+        i.framer.set(DIGESTS, 1 << 20);
         i
     }
 
-    fn send(&mut self, pdu: &Pdu) {
-        let digests = if self.cmd_sn == 1 && pdu.bhs.opcode() == Opcode::LoginRequest {
-            Digests::default()
-        } else {
-            Digests {
-                header: true,
-                data: true,
-            }
-        };
+    fn send(&mut self, pdu: &Pdu, digests: Digests) {
         let mut out = Vec::new();
         pdu.encode(digests, &mut out);
         self.stream.write_all(&out).expect("send a PDU");
-    }
-
-    /// Sends WRITE(10) of `blocks` at `lba` and no data at all, as a
-    /// hostile or broken initiator would; returns its task tag.
-    pub fn write10_without_data(&mut self, lba: u32, blocks: u16) -> u32 {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x2a;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        self.command(cdb, false, true, u32::from(blocks) * 512, &[])
-            .itt()
-    }
-
-    /// The next PDU from the target.
-    pub fn next_pdu(&mut self) -> Pdu {
-        self.recv()
     }
 
     fn recv(&mut self) -> Pdu {
@@ -126,97 +150,254 @@ impl Initiator {
         }
     }
 
-    fn command(
+    /// The next PDU from the target, whatever it is.
+    pub fn next_pdu(&mut self) -> Pdu {
+        self.recv()
+    }
+
+    /// Whether the target has closed the connection (waits up to
+    /// `limit` for it to).
+    pub fn closed_within(&mut self, limit: Duration) -> bool {
+        self.stream.set_read_timeout(Some(limit)).expect("timeout");
+        let mut chunk = [0u8; 4096];
+        let closed = loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => break true,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(_) => break false,
+            }
+        };
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        closed
+    }
+
+    /// Sends a SCSI command: `cdb`, `data_out` for the target (immediate
+    /// data, then Data-Out as asked) and room for `expect_in` bytes back.
+    /// Returns its task tag without waiting for the answer.
+    pub fn send_command(&mut self, cdb: &[u8], data_out: &[u8], expect_in: u32) -> u32 {
+        self.send_command_with(cdb, data_out, expect_in, data_out.len())
+    }
+
+    /// As [`Self::send_command`], but with only `immediate` bytes of the
+    /// data in the command PDU (0: all of it waits for R2Ts).
+    pub fn send_command_with(
         &mut self,
-        cdb: [u8; 16],
-        read: bool,
-        write: bool,
-        expected: u32,
-        immediate: &[u8],
-    ) -> Bhs {
+        cdb: &[u8],
+        data_out: &[u8],
+        expect_in: u32,
+        immediate: usize,
+    ) -> u32 {
+        let itt = self.itt;
+        self.itt = self.itt.wrapping_add(1);
         let mut b = Bhs::new(Opcode::ScsiCommand);
+        let (read, write) = (expect_in > 0, !data_out.is_empty());
         b.0[1] = 0x80 | if read { 0x40 } else { 0 } | if write { 0x20 } else { 0 } | 1;
-        b.set_itt(self.itt);
+        b.set_itt(itt);
+        let expected = if write {
+            data_out.len() as u32
+        } else {
+            expect_in
+        };
         b.set_u32(20, expected);
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
-        b.0[32..48].copy_from_slice(&cdb);
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        b.0[32..48].copy_from_slice(&c);
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        self.itt = self.itt.wrapping_add(1);
-        self.send(&Pdu::new(b, Bytes::copy_from_slice(immediate)));
-        b
+        let first = data_out.len().min(self.max_send).min(65536).min(immediate);
+        self.send(
+            &Pdu::new(b, Bytes::copy_from_slice(&data_out[..first])),
+            DIGESTS,
+        );
+        self.tasks.insert(
+            itt,
+            Task {
+                data_out: data_out.to_vec(),
+                data_in: vec![0; expect_in as usize],
+                received: 0,
+            },
+        );
+        itt
+    }
+
+    /// Handles one PDU from the target: R2Ts answered, data gathered, a
+    /// finished task's reply kept.
+    fn pump(&mut self) {
+        let p = self.recv();
+        let itt = p.bhs.itt();
+        match p.bhs.opcode() {
+            Opcode::R2t => {
+                let (ttt, offset, len) = (p.bhs.u32_at(20), p.bhs.u32_at(40), p.bhs.u32_at(44));
+                let data = self.tasks[&itt].data_out.clone();
+                let mut sent = 0;
+                let mut data_sn = 0;
+                while sent < len {
+                    let n = (len - sent).min(self.max_send as u32);
+                    let mut d = Bhs::new(Opcode::DataOut);
+                    d.set_final(sent + n == len);
+                    d.set_itt(itt);
+                    d.set_u32(20, ttt);
+                    d.set_u32(28, self.exp_stat_sn);
+                    d.set_u32(36, data_sn);
+                    d.set_u32(40, offset + sent);
+                    let at = (offset + sent) as usize;
+                    let chunk = Bytes::copy_from_slice(&data[at..at + n as usize]);
+                    self.send(&Pdu::new(d, chunk), DIGESTS);
+                    sent += n;
+                    data_sn += 1;
+                }
+            }
+            Opcode::DataIn => {
+                let t = self.tasks.get_mut(&itt).expect("Data-In for a task sent");
+                let at = p.bhs.u32_at(40) as usize;
+                t.data_in[at..at + p.data.len()].copy_from_slice(&p.data);
+                t.received += p.data.len();
+                if p.bhs.0[1] & 0x01 != 0 {
+                    self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
+                    let mut t = self.tasks.remove(&itt).expect("present");
+                    t.data_in.truncate(t.received);
+                    let reply = Reply {
+                        status: p.bhs.0[3],
+                        sense: None,
+                        data: t.data_in,
+                    };
+                    self.done.insert(itt, reply);
+                }
+            }
+            Opcode::ScsiResponse => {
+                self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
+                let mut t = self.tasks.remove(&itt).expect("a response to a task sent");
+                let sense =
+                    (p.data.len() >= 2 + 14).then(|| (p.data[4] & 0x0f, p.data[14], p.data[15]));
+                t.data_in.truncate(t.received);
+                self.done.insert(
+                    itt,
+                    Reply {
+                        status: p.bhs.0[3],
+                        sense,
+                        data: t.data_in,
+                    },
+                );
+            }
+            op => {
+                // Every target PDU but an unsolicited NOP-In and an R2T
+                // carries a fresh StatSN.
+                let unsolicited = op == Opcode::NopIn && itt == 0xffff_ffff;
+                if !unsolicited {
+                    self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
+                }
+                self.other.push(p);
+            }
+        }
+    }
+
+    /// Waits for the reply to task `itt`.
+    pub fn wait(&mut self, itt: u32) -> Reply {
+        loop {
+            if let Some(r) = self.done.remove(&itt) {
+                return r;
+            }
+            self.pump();
+        }
+    }
+
+    /// Runs one command and waits for its reply.
+    pub fn exec(&mut self, cdb: &[u8], data_out: &[u8], expect_in: u32) -> Reply {
+        let itt = self.send_command(cdb, data_out, expect_in);
+        self.wait(itt)
+    }
+
+    /// Sends WRITE(10) of `blocks` at `lba` and no data at all, as a
+    /// hostile or broken initiator would; returns its task tag.
+    pub fn write10_without_data(&mut self, lba: u32, blocks: u16) -> u32 {
+        let len = usize::from(blocks) * 512;
+        // The data is kept so that R2Ts could be answered, but the test
+        // reads PDUs itself and never does.
+        self.send_command_with(&write10_cdb(lba, blocks), &vec![0; len], 0, 0)
     }
 
     /// WRITE(10) of `data` at `lba` (512-byte blocks); panics unless GOOD.
     pub fn write10(&mut self, lba: u32, data: &[u8]) {
         let blocks = u16::try_from(data.len() / 512).expect("fits WRITE(10)");
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x2a;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        let first = data.len().min(self.max_send).min(65536);
-        let cmd = self.command(cdb, false, true, data.len() as u32, &data[..first]);
-        loop {
-            let p = self.recv();
-            match p.bhs.opcode() {
-                Opcode::R2t => {
-                    let (ttt, offset, len) = (p.bhs.u32_at(20), p.bhs.u32_at(40), p.bhs.u32_at(44));
-                    let mut sent = 0;
-                    let mut data_sn = 0;
-                    while sent < len {
-                        let n = (len - sent).min(self.max_send as u32);
-                        let mut d = Bhs::new(Opcode::DataOut);
-                        d.set_final(sent + n == len);
-                        d.set_itt(cmd.itt());
-                        d.set_u32(20, ttt);
-                        d.set_u32(28, self.exp_stat_sn);
-                        d.set_u32(36, data_sn);
-                        d.set_u32(40, offset + sent);
-                        let at = (offset + sent) as usize;
-                        self.send(&Pdu::new(
-                            d,
-                            Bytes::copy_from_slice(&data[at..at + n as usize]),
-                        ));
-                        sent += n;
-                        data_sn += 1;
-                    }
-                }
-                Opcode::ScsiResponse => {
-                    self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
-                    assert_eq!((p.bhs.0[2], p.bhs.0[3]), (0, 0), "WRITE(10) status");
-                    return;
-                }
-                other => panic!("unexpected {other:?} during a WRITE"),
-            }
-        }
+        let r = self.exec(&write10_cdb(lba, blocks), data, 0);
+        assert_eq!((r.status, r.sense), (GOOD, None), "WRITE(10) status");
     }
 
     /// READ(10) of `blocks` at `lba`; panics unless GOOD.
     pub fn read10(&mut self, lba: u32, blocks: u16) -> Vec<u8> {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x28;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        let len = usize::from(blocks) * 512;
-        self.command(cdb, true, false, len as u32, &[]);
-        let mut out = vec![0u8; len];
+        let r = self.exec(&read10_cdb(lba, blocks), &[], u32::from(blocks) * 512);
+        assert_eq!((r.status, r.sense), (GOOD, None), "READ(10) status");
+        r.data
+    }
+
+    /// A task management request (`function` as RFC 7143 numbers them)
+    /// naming task `referenced`; returns the response code.
+    pub fn task_management(&mut self, function: u8, referenced: u32) -> u8 {
+        let itt = self.itt;
+        self.itt = self.itt.wrapping_add(1);
+        let mut b = Bhs::new(Opcode::TaskMgmtRequest);
+        b.set_immediate(true);
+        b.0[1] = 0x80 | function;
+        b.set_itt(itt);
+        b.set_u32(20, referenced);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b.set_u32(32, 0xffff_ffff);
+        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
         loop {
-            let p = self.recv();
-            match p.bhs.opcode() {
-                Opcode::DataIn => {
-                    let at = p.bhs.u32_at(40) as usize;
-                    out[at..at + p.data.len()].copy_from_slice(&p.data);
-                    if p.bhs.0[1] & 0x01 != 0 {
-                        self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
-                        assert_eq!(p.bhs.0[3], 0, "READ(10) status");
-                        return out;
-                    }
-                }
-                Opcode::ScsiResponse => {
-                    panic!("READ(10) answered without data: status {}", p.bhs.0[3])
-                }
-                other => panic!("unexpected {other:?} during a READ"),
+            if let Some(at) = self
+                .other
+                .iter()
+                .position(|p| p.bhs.opcode() == Opcode::TaskMgmtResponse && p.bhs.itt() == itt)
+            {
+                return self.other.remove(at).bhs.0[2];
             }
+            self.pump();
         }
     }
+}
+
+const DIGESTS: Digests = Digests {
+    header: true,
+    data: true,
+};
+
+pub fn read10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x28;
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+pub fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
+    let mut c = read10_cdb(lba, blocks);
+    c[0] = 0x2a;
+    c
+}
+
+/// INQUIRY for VPD page `page`.
+pub fn vpd_cdb(page: u8) -> [u8; 6] {
+    [0x12, 0x01, page, 0x01, 0x00, 0]
+}
+
+/// REPORT TARGET PORT GROUPS, extended format.
+pub fn rtpg_cdb() -> [u8; 12] {
+    [0xa3, 0x2a, 0, 0, 0, 0, 0, 0, 0x04, 0, 0, 0]
+}
+
+/// The (group id, access state code) pairs of REPORT TARGET PORT GROUPS
+/// data in the extended format.
+pub fn rtpg_states(data: &[u8]) -> Vec<(u16, u8)> {
+    let mut out = Vec::new();
+    let mut at = 8;
+    while at + 8 <= data.len() {
+        let d = &data[at..];
+        out.push((u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0f));
+        at += 8 + 4 * usize::from(d[7]);
+    }
+    out
 }

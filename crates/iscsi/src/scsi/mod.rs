@@ -2,10 +2,14 @@
 //! ([`cdb`]), the data describing the unit out ([`respond`]), status and
 //! sense ([`sense`]).
 
+pub mod alua;
+pub mod attention;
 pub mod cdb;
 pub mod respond;
 pub mod sense;
 
+pub use alua::{AccessState, PortGroup};
+pub use attention::{Attentions, Delivery};
 pub use cdb::{check_range, Command};
 pub use sense::{Key, Sense};
 

@@ -24,12 +24,13 @@ pub struct Unit {
     pub rotational: bool,
     /// Most blocks one READ or WRITE may move.
     pub max_transfer_blocks: u32,
-    /// The relative port and target port group of the portal asked.
+    /// The relative port and target port group of the portal asked
+    /// (each portal is its own group).
     pub relative_port: u16,
     pub port_group: u16,
-    /// Relative port ids of every portal serving the unit (one group,
-    /// every port active/optimized: braid uses all paths at once).
-    pub ports: Vec<u16>,
+    /// The SCSI target port's name, `<target>,t,0x<portal group tag>`
+    /// (iSCSI's form, RFC 7143 "iSCSI Names").
+    pub target_port: String,
 }
 
 const VENDOR: &[u8; 8] = b"BRAID   ";
@@ -37,7 +38,24 @@ const PRODUCT: &[u8; 16] = b"multipath volume";
 const REVISION: &[u8; 4] = b"0001";
 
 /// VPD pages this unit answers, in the order page 0x00 lists them.
-pub const VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+pub const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
+
+/// The IEEE COMPANY_ID field of braid's NAA designators.
+///
+/// NAA type 6 (IEEE Registered Extended) is the designator Linux (its
+/// kernel's `wwid` and udev's `scsi_id`), Windows' MSDSM and VMware rank
+/// first among a unit's names, but its 24-bit company field is meant for
+/// an identifier the IEEE assigned, which braid does not have. LIO fills
+/// it with the OpenFabrics Alliance's OUI (00-14-05) and tgt with zeroes
+/// (00-00-00, an OUI assigned to Xerox); both claim a number that belongs
+/// to someone else. braid's value is taken from the one part of the
+/// 24-bit space the IEEE never assigns: B2 has the local bit set and the
+/// Y and Z bits clear, which IEEE 802c (the structured local address
+/// plan) reserves for local administrators, while every OUI has the local
+/// bit clear and every CID sits in the extended-local quadrant (second
+/// digit A). So no vendor's NAA 6 name can equal a braid one, and the 100
+/// bits that follow come from the volume identity.
+pub const NAA_COMPANY_ID: u32 = 0x00b2_a1d0;
 
 fn cut(mut data: Vec<u8>, alloc: usize) -> Vec<u8> {
     data.truncate(alloc);
@@ -56,6 +74,7 @@ impl Unit {
             Some(0x00) => page(0x00, VPD_PAGES.to_vec()),
             Some(0x80) => page(0x80, self.serial().into_bytes()),
             Some(0x83) => page(0x83, self.designators()),
+            Some(0x86) => page(0x86, self.extended_inquiry()),
             Some(0xb0) => page(0xb0, self.block_limits()),
             Some(0xb1) => {
                 let mut p = vec![0u8; 0x3c];
@@ -105,35 +124,67 @@ impl Unit {
         self.uuid.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Device identification designators: the unit's NAA and T10 names
-    /// (the same on every port), then this port's relative port and port
-    /// group (different per portal).
+    /// The unit's NAA IEEE Registered Extended name: NAA 6, the
+    /// [`NAA_COMPANY_ID`], then the first 25 hex digits of the volume
+    /// identity, so `naa.6b2a1d0` followed by the start of the volume id
+    /// that `braid status` shows.
+    pub fn naa(&self) -> [u8; 16] {
+        let mut nibbles = vec![6u8];
+        nibbles.extend(
+            (0..6)
+                .rev()
+                .map(|i| ((NAA_COMPANY_ID >> (4 * i)) & 0xf) as u8),
+        );
+        nibbles.extend(self.uuid.iter().flat_map(|b| [b >> 4, b & 0xf]).take(25));
+        let mut naa = [0u8; 16];
+        for (i, pair) in nibbles.chunks_exact(2).enumerate() {
+            naa[i] = (pair[0] << 4) | pair[1];
+        }
+        naa
+    }
+
+    /// Device identification designators (SPC-5 7.7.6): the unit's names,
+    /// the same through every port (NAA, then T10 vendor ID), then this
+    /// port's relative port, port group and name (association 1, iSCSI).
+    ///
+    /// No SCSI name string is associated with the unit itself: Linux's
+    /// kernel and Windows' MSDSM rank that type above NAA and would name
+    /// the device after it, and a name string naming a target differs
+    /// between targets that serve the same volume.
     fn designators(&self) -> Vec<u8> {
         let mut d = Vec::new();
-        // NAA locally assigned (type 3): eight bytes, first nibble 3,
-        // then 60 bits of the volume identity.
-        let mut naa = [0u8; 8];
-        naa.copy_from_slice(&self.uuid[..8]);
-        naa[0] = 0x30 | (naa[0] & 0x0f);
-        designator(&mut d, 0x01, 0x03, &naa);
-        // T10 vendor ID: vendor, then the serial.
+        designator(&mut d, 0x01, 0x03, &self.naa());
         let mut t10 = VENDOR.to_vec();
         t10.extend_from_slice(self.serial().as_bytes());
         designator(&mut d, 0x02, 0x01, &t10);
-        // Target port association, iSCSI protocol, PIV set.
-        designator(
-            &mut d,
-            0x51,
-            0x94,
-            &u32::from(self.relative_port).to_be_bytes(),
-        );
-        designator(
-            &mut d,
-            0x51,
-            0x95,
-            &u32::from(self.port_group).to_be_bytes(),
-        );
+        // Association 1 (target port), protocol 5 (iSCSI), PIV set.
+        let port = [
+            0,
+            0,
+            (self.relative_port >> 8) as u8,
+            self.relative_port as u8,
+        ];
+        designator(&mut d, 0x51, 0x94, &port);
+        let group = [0, 0, (self.port_group >> 8) as u8, self.port_group as u8];
+        designator(&mut d, 0x51, 0x95, &group);
+        // The port's name as UTF-8, null-terminated, padded to four bytes.
+        let mut name = self.target_port.as_bytes().to_vec();
+        name.truncate(251);
+        name.push(0);
+        name.resize(name.len().div_ceil(4) * 4, 0);
+        designator(&mut d, 0x53, 0x98, &name);
         d
+    }
+
+    /// Extended INQUIRY Data (SPC-5 7.7.9): simple task attributes, a
+    /// volatile write cache (SYNCHRONIZE CACHE makes writes durable), and
+    /// unit attentions cleared per I_T nexus (LUICLR).
+    fn extended_inquiry(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 0x3c];
+        p[1] = 0x01; // SIMPSUP
+        p[2] = 0x01; // V_SUP
+        p[3] = 0x01; // LUICLR
+        p
     }
 
     fn block_limits(&self) -> Vec<u8> {
@@ -236,34 +287,6 @@ impl Unit {
         d.extend(desc);
         d.extend(pages);
         Ok(cut(d, usize::from(alloc)))
-    }
-}
-
-impl Unit {
-    /// REPORT TARGET PORT GROUPS: one group holding every port, in the
-    /// active/optimized state, which is the only state it supports (so
-    /// implicit ALUA initiators use every path and never wait for a
-    /// transition).
-    pub fn report_target_port_groups(&self, extended: bool, alloc: u32) -> Vec<u8> {
-        let mut desc = vec![
-            0x80, // PREF, asymmetric access state 0: active/optimized
-            0x01, // AO_SUP only
-        ];
-        desc.extend_from_slice(&self.port_group.to_be_bytes());
-        desc.extend_from_slice(&[0, 0, 0]); // reserved, status code, vendor
-        desc.push(u8::try_from(self.ports.len()).unwrap_or(u8::MAX));
-        for &p in self.ports.iter().take(255) {
-            desc.extend_from_slice(&[0, 0]);
-            desc.extend_from_slice(&p.to_be_bytes());
-        }
-        let header = if extended { 8 } else { 4 };
-        let mut d = ((header - 4 + desc.len()) as u32).to_be_bytes().to_vec();
-        if extended {
-            // Format type 1; implicit transition time 0: there are none.
-            d.extend_from_slice(&[0x10, 0, 0, 0]);
-        }
-        d.extend(desc);
-        cut(d, alloc as usize)
     }
 }
 

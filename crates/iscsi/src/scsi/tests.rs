@@ -158,13 +158,13 @@ fn unit() -> Unit {
         rotational: false,
         max_transfer_blocks: 65536,
         relative_port: 2,
-        port_group: 1,
-        ports: vec![1, 2],
+        port_group: 2,
+        target_port: "iqn.2026-11.org.example:vol,t,0x0002".into(),
     }
 }
 
 #[test]
-fn one_port_group_with_every_port_active_optimized() {
+fn report_target_port_groups_is_parsed_in_both_formats() {
     let c = cdb16(&[0xa3, 0x0a, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0]);
     assert_eq!(
         Command::parse(&c),
@@ -181,13 +181,6 @@ fn one_port_group_with_every_port_active_optimized() {
             alloc: 1024
         })
     );
-    assert_eq!(
-        unit().report_target_port_groups(false, 1024),
-        [0, 0, 0, 16, 0x80, 0x01, 0, 1, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2]
-    );
-    let ext = unit().report_target_port_groups(true, 1024);
-    assert_eq!(&ext[..8], &[0, 0, 0, 20, 0x10, 0, 0, 0]);
-    assert_eq!(ext.len(), 24);
 }
 
 #[test]
@@ -208,7 +201,7 @@ fn standard_inquiry_says_alua_and_multiport() {
 fn vpd_pages_list_serial_and_designators() {
     let u = unit();
     let d = u.inquiry(Some(0x00), 255).unwrap();
-    assert_eq!(&d[..4], &[0, 0, 0, 6]);
+    assert_eq!(&d[..4], &[0, 0, 0, 7]);
     assert_eq!(&d[4..], &VPD_PAGES);
 
     let d = u.inquiry(Some(0x80), 255).unwrap();
@@ -217,25 +210,44 @@ fn vpd_pages_list_serial_and_designators() {
     let d = u.inquiry(Some(0x83), 255).unwrap();
     let len = usize::from(u16::from_be_bytes([d[2], d[3]]));
     assert_eq!(d.len(), 4 + len);
-    // NAA locally assigned, first: 0x3 then the identity's low 60 bits.
-    assert_eq!(&d[4..8], &[0x01, 0x03, 0, 8]);
-    assert_eq!(&d[8..16], &[0x3b, 0x6f, 0x4c, 0x1e, 0x2d, 0x7a, 0x4c, 0x52]);
-    // Then T10, relative port 2 and port group 1 for this portal.
-    let tail = &d[d.len() - 16..];
+    // NAA IEEE Registered Extended first: 6, company B2A1D0, then the
+    // first 25 hex digits of the identity.
+    assert_eq!(&d[4..8], &[0x01, 0x03, 0, 16]);
     assert_eq!(
-        tail,
-        &[0x51, 0x94, 0, 4, 0, 0, 0, 2, 0x51, 0x95, 0, 4, 0, 0, 0, 1]
+        &d[8..24],
+        &[
+            0x6b, 0x2a, 0x1d, 0x00, 0xb6, 0xf4, 0xc1, 0xe2, 0xd7, 0xa4, 0xc5, 0x29, 0xe1, 0xb7,
+            0xf3, 0xa5
+        ]
     );
+    // T10 vendor ID: vendor and serial, ASCII.
+    assert_eq!(&d[24..28], &[0x02, 0x01, 0, 40]);
+    assert_eq!(&d[28..68], b"BRAID   0b6f4c1e2d7a4c529e1b7f3a5d9c8e21");
+    // Then this port: relative port 2, port group 2, and its name.
+    assert_eq!(
+        &d[68..84],
+        &[0x51, 0x94, 0, 4, 0, 0, 0, 2, 0x51, 0x95, 0, 4, 0, 0, 0, 2]
+    );
+    assert_eq!(&d[84..88], &[0x53, 0x98, 0, 40]);
+    assert_eq!(&d[88..128], b"iqn.2026-11.org.example:vol,t,0x0002\0\0\0\0");
+    assert_eq!(d.len(), 128);
     let other_port = Unit {
         relative_port: 3,
+        port_group: 3,
+        target_port: "iqn.2026-11.org.example:vol,t,0x0003".into(),
         ..unit()
     };
     let d2 = other_port.inquiry(Some(0x83), 255).unwrap();
     assert_eq!(
-        d[..d.len() - 16],
-        d2[..d2.len() - 16],
+        d[..68],
+        d2[..68],
         "the unit's names are the same on every port"
     );
+    assert_ne!(d[68..], d2[68..], "the port's are its own");
+
+    let ext = u.inquiry(Some(0x86), 255).unwrap();
+    assert_eq!(&ext[..8], &[0, 0x86, 0, 0x3c, 0, 0x01, 0x01, 0x01]);
+    assert_eq!(ext.len(), 64);
 
     let lbp = u.inquiry(Some(0xb2), 255).unwrap();
     assert_eq!(&lbp[..], &[0, 0xb2, 0, 4, 0, 0xe4, 2, 0]);

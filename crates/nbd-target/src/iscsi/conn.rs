@@ -10,9 +10,9 @@ use std::sync::Arc;
 use braid_iscsi::login::{Session, SessionType, Step, TargetConfig, TargetLogin};
 use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
-use braid_iscsi::scsi::respond::Unit;
+use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::{Command, Key, Sense};
+use braid_iscsi::scsi::{Command, Delivery, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
 use braid_iscsi::window::{Place, Window};
 use braid_iscsi::{discovery, text, Digests};
@@ -22,8 +22,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::lu::Nexus;
 use super::unit::{self, Outcome};
-use super::Served;
+use super::{Served, Shared};
 
 /// Commands the target lets an initiator have outstanding.
 const QUEUE_DEPTH: u32 = 64;
@@ -36,10 +37,9 @@ const QUEUE_DEPTH: u32 = 64;
 const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
 
 pub(crate) struct Ctx {
-    pub targets: Arc<Vec<Served>>,
-    pub portals: Arc<Vec<SocketAddr>>,
-    pub port_id: u16,
-    pub chap: Option<Arc<braid_iscsi::chap::Credentials>>,
+    pub shared: Arc<Shared>,
+    /// The portal group (and target port) the connection came in on.
+    pub tag: u16,
     pub stop: watch::Receiver<bool>,
 }
 
@@ -152,6 +152,23 @@ impl Conn {
         self.queue(&Pdu::new(b, sense));
     }
 
+    /// GOOD with `data` for the initiator: in Data-In PDUs, the last
+    /// carrying the status, or in a SCSI Response when nothing is sent.
+    fn data_in(&mut self, itt: u32, data: Vec<u8>, expected: u32, params: &Params) {
+        let have = data.len() as u32;
+        if data.is_empty() || expected == 0 {
+            self.scsi_response(itt, status::GOOD, Bytes::new(), have, expected);
+            return;
+        }
+        let n = self.numbers(true);
+        let data = Bytes::from(data);
+        let peer_max = params.peer_max_recv_data;
+        for d in transfer::data_in(itt, have, expected, peer_max, params.max_burst, n) {
+            let slice = data.slice(d.offset as usize..(d.offset + d.len) as usize);
+            self.queue(&Pdu::new(d.bhs, slice));
+        }
+    }
+
     /// CHECK CONDITION with `sense`.
     fn check(&mut self, itt: u32, sense: Sense) {
         let segment = Bytes::from(sense.iscsi_segment());
@@ -162,13 +179,13 @@ impl Conn {
 async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), String> {
     // A client outside an export's allow-list does not see that target
     // at all: not in discovery, and a login naming it finds nothing.
-    let visible: Vec<Served> = ctx
+    let visible: Vec<Arc<Served>> = ctx
+        .shared
         .targets
         .iter()
         .filter(|t| crate::access::allowed(&t.export.allow, Some(peer.ip())))
         .cloned()
         .collect();
-    ctx.targets = Arc::new(visible);
     let mut c = Conn {
         stream,
         buf: BytesMut::with_capacity(64 * 1024),
@@ -188,14 +205,14 @@ async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), St
         ..Params::default()
     };
     let mut login = TargetLogin::new(TargetConfig {
-        targets: ctx.targets.iter().map(|t| t.name.clone()).collect(),
+        targets: visible.iter().map(|t| t.name.clone()).collect(),
         params: ours,
         digests: negotiate::Digests {
             none: true,
             crc32c: true,
         },
-        portal_group_tag: 1,
-        chap: ctx.chap.as_deref().cloned(),
+        portal_group_tag: ctx.tag,
+        chap: ctx.shared.chap.clone(),
         // A fresh random challenge for every connection (a v4 UUID: 122
         // random bits).
         chap_id: uuid::Uuid::new_v4().as_bytes()[0],
@@ -220,10 +237,15 @@ async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), St
         c.flush().await?;
     };
     c.flush().await?;
-    full_feature(c, *session, ctx).await
+    full_feature(c, *session, visible, ctx).await
 }
 
-async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), String> {
+async fn full_feature(
+    mut c: Conn,
+    s: Session,
+    visible: Vec<Arc<Served>>,
+    mut ctx: Ctx,
+) -> Result<(), String> {
     c.digests = Digests {
         header: s.params.header_digest,
         data: s.params.data_digest,
@@ -234,17 +256,18 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
     let served = s
         .target
         .as_ref()
-        .and_then(|name| ctx.targets.iter().find(|t| &t.name == name))
+        .and_then(|name| visible.iter().find(|t| &t.name == name))
         .cloned();
     info!(
         initiator = %s.initiator,
         target = s.target.as_deref().unwrap_or("(discovery)"),
         "iSCSI login"
     );
-    let ports = u16::try_from(ctx.portals.len()).unwrap_or(u16::MAX);
-    let unit = served
-        .as_ref()
-        .map(|t| unit::describe(&t.export, ctx.port_id, ports));
+    // A normal session is an I_T nexus of its target's unit.
+    let lun = served.as_ref().map(|t| {
+        let unit = unit::describe(&t.export, &t.name, ctx.tag);
+        (t.clone(), unit, t.lu.join())
+    });
     let mut writes: HashMap<u32, PendingWrite> = HashMap::new();
     while let Some(pdu) = c.next(&mut ctx.stop).await? {
         let b = pdu.bhs;
@@ -280,12 +303,13 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
             }
             Opcode::TextRequest => {
                 let pairs = text::parse(&pdu.data).map_err(|e| e.to_string())?;
-                let listings: Vec<discovery::Listing> = ctx
-                    .targets
+                let portals: Vec<(SocketAddr, u16)> =
+                    ctx.shared.ports.iter().map(|p| (p.addr, p.tag)).collect();
+                let listings: Vec<discovery::Listing> = visible
                     .iter()
                     .map(|t| discovery::Listing {
                         name: t.name.clone(),
-                        portals: ctx.portals.iter().map(|a| (*a, 1)).collect(),
+                        portals: portals.clone(),
                     })
                     .collect();
                 let mut answer = Vec::new();
@@ -332,11 +356,11 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
                 c.queue(&Pdu::new(r, Bytes::new()));
             }
             Opcode::ScsiCommand => {
-                let Some((served, unit)) = served.as_ref().zip(unit.as_ref()) else {
+                let Some(lun) = lun.as_ref() else {
                     reject(&mut c, &pdu, 0x04);
                     continue;
                 };
-                command(&mut c, &pdu, served, unit, &s.params, &mut writes).await?;
+                command(&mut c, &pdu, lun, &ctx, &s.params, &mut writes).await?;
             }
             Opcode::DataOut => {
                 let itt = b.itt();
@@ -360,8 +384,7 @@ async fn full_feature(mut c: Conn, s: Session, mut ctx: Ctx) -> Result<(), Strin
                 w.buf[at as usize..at as usize + pdu.data.len()].copy_from_slice(&pdu.data);
                 if w.transfer.complete() {
                     let w = writes.remove(&itt).expect("present");
-                    let served = served.as_ref().expect("a write implies a target");
-                    let unit = unit.as_ref().expect("and a unit");
+                    let (served, unit, _) = lun.as_ref().expect("a write implies a unit");
                     finish_write(&mut c, itt, w, served, unit).await;
                 } else {
                     for r2t in w.transfer.r2ts() {
@@ -392,8 +415,8 @@ fn reject(c: &mut Conn, pdu: &Pdu, reason: u8) {
 async fn command(
     c: &mut Conn,
     pdu: &Pdu,
-    served: &Served,
-    unit: &Unit,
+    (served, unit, nexus): &(Arc<Served>, Unit, Nexus),
+    ctx: &Ctx,
     params: &Params,
     writes: &mut HashMap<u32, PendingWrite>,
 ) -> Result<(), String> {
@@ -408,6 +431,30 @@ async fn command(
             return Ok(());
         }
     };
+    if lun == 0 {
+        // A unit attention pending for this nexus comes first (SAM-5
+        // 5.14), then what the port's access state allows.
+        match nexus.deliver(&cmd) {
+            Delivery::Run => {}
+            Delivery::Report(sense) => {
+                c.check(itt, sense);
+                return Ok(());
+            }
+            Delivery::AsSenseData(sense) => {
+                let alloc = match cmd {
+                    Command::RequestSense { alloc } => alloc,
+                    _ => 0,
+                };
+                let data = respond::request_sense(Some(sense), alloc);
+                c.data_in(itt, data, expected, params);
+                return Ok(());
+            }
+        }
+        if let Err(sense) = ctx.shared.ports.get(ctx.tag).state().check(&cmd) {
+            c.check(itt, sense);
+            return Ok(());
+        }
+    }
     if let Some(wanted) = cmd.data_out_len(unit::BLOCK) {
         // Checked before any data is taken: a WRITE's range and size, a
         // parameter list's size.
@@ -482,23 +529,9 @@ async fn command(
         writes.insert(itt, w);
         return Ok(());
     }
-    match unit::execute(&served.export, unit, lun, cmd, None).await {
-        // Nothing to send (or nothing expected): the status goes in a
-        // SCSI Response.
-        Outcome::Good(data) if data.is_empty() || expected == 0 => {
-            let have = data.len() as u32;
-            c.scsi_response(itt, status::GOOD, Bytes::new(), have, expected)
-        }
-        Outcome::Good(data) => {
-            let have = data.len() as u32;
-            let n = c.numbers(true);
-            let data = Bytes::from(data);
-            let peer_max = params.peer_max_recv_data;
-            for d in transfer::data_in(itt, have, expected, peer_max, params.max_burst, n) {
-                let slice = data.slice(d.offset as usize..(d.offset + d.len) as usize);
-                c.queue(&Pdu::new(d.bhs, slice));
-            }
-        }
+    let groups = || ctx.shared.ports.groups();
+    match unit::execute(&served.export, unit, lun, cmd, None, groups).await {
+        Outcome::Good(data) => c.data_in(itt, data, expected, params),
         Outcome::Check(sense) => c.check(itt, sense),
     }
     Ok(())
@@ -510,7 +543,7 @@ async fn finish_write(c: &mut Conn, itt: u32, w: PendingWrite, served: &Served, 
     if let Command::Write { blocks, .. } = w.cmd {
         buf.truncate((blocks * unit::BLOCK) as usize);
     }
-    match unit::execute(&served.export, unit, w.lun, w.cmd, Some(buf)).await {
+    match unit::execute(&served.export, unit, w.lun, w.cmd, Some(buf), Vec::new).await {
         Outcome::Good(_) => c.scsi_response(itt, status::GOOD, Bytes::new(), have, expected),
         Outcome::Check(sense) => c.check(itt, sense),
     }

@@ -8,18 +8,24 @@
 //! (braid attach) are not offered over iSCSI.
 
 mod conn;
+mod lu;
+mod ports;
 mod unit;
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use braid_iscsi::scsi::{AccessState, Sense};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::export::{Export, Exports, Storage};
+use crate::portal::Portal;
+
+pub use ports::AluaError;
 
 /// Target names are this prefix and the export's name.
 pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.braid-storage:";
@@ -43,93 +49,202 @@ impl Default for IscsiConfig {
     }
 }
 
-/// One served target: its name and export.
-#[derive(Clone, Debug)]
+/// One served target: its name, export and logical unit.
+#[derive(Debug)]
 pub(crate) struct Served {
     pub name: String,
     pub export: Arc<Export>,
+    pub lu: Arc<lu::LogicalUnit>,
+}
+
+/// What every connection shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub targets: Vec<Arc<Served>>,
+    pub ports: ports::PortTable,
+    pub chap: Option<braid_iscsi::chap::Credentials>,
 }
 
 /// Bound iSCSI portals, ready to run.
 pub struct IscsiServer {
     listeners: Vec<TcpListener>,
-    chap: Option<Arc<braid_iscsi::chap::Credentials>>,
-    targets: Arc<Vec<Served>>,
-    portals: Arc<Vec<SocketAddr>>,
+    shared: Arc<Shared>,
+}
+
+/// A portal as the operator sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortalState {
+    pub addr: SocketAddr,
+    /// Portal group tag, which is also its target port group and
+    /// relative target port id.
+    pub tag: u16,
+    pub state: AccessState,
+}
+
+/// The running iSCSI side, for the operator's controls.
+#[derive(Clone, Debug)]
+pub struct IscsiHandle {
+    shared: Arc<Shared>,
+}
+
+impl IscsiHandle {
+    /// Target names, in export order.
+    pub fn target_names(&self) -> Vec<String> {
+        self.shared.targets.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Every portal with its group and access state.
+    pub fn portals(&self) -> Vec<PortalState> {
+        self.shared
+            .ports
+            .iter()
+            .map(|p| PortalState {
+                addr: p.addr,
+                tag: p.tag,
+                state: p.state(),
+            })
+            .collect()
+    }
+
+    /// Puts the target port group of `portal` (`ADDR:PORT`) in `state`
+    /// and, when that changes it, tells every I_T nexus of every target
+    /// with ASYMMETRIC ACCESS STATE CHANGED (SPC-5 5.16.2.2: initiators
+    /// then read REPORT TARGET PORT GROUPS again).
+    ///
+    /// # Errors
+    ///
+    /// [`AluaError::UnknownPortal`].
+    pub fn set_access_state(&self, portal: &str, state: AccessState) -> Result<(), AluaError> {
+        let (tag, old) = self.shared.ports.set(portal, state)?;
+        if old != state {
+            info!(
+                portal,
+                group = tag,
+                from = old.name(),
+                to = state.name(),
+                "ALUA access state changed"
+            );
+            for t in &self.shared.targets {
+                t.lu.raise(Sense::ACCESS_STATE_CHANGED, None);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl IscsiServer {
-    /// Binds `addrs` (one per portal) for the exports in `exports` that
-    /// have local storage.
+    /// Binds `portals` (one per portal; a wildcard address stands for
+    /// each address of its family a client could reach, as for NBD) for
+    /// the exports in `exports` that have local storage.
     ///
     /// # Errors
     ///
     /// The first address that cannot be bound, named in the message.
     pub async fn bind(
-        addrs: &[SocketAddr],
+        portals: &[Portal],
         exports: &Exports,
         cfg: &IscsiConfig,
     ) -> io::Result<Self> {
         let mut listeners = Vec::new();
-        for a in addrs {
-            let l = TcpListener::bind(a)
-                .await
-                .map_err(|e| io::Error::new(e.kind(), format!("iSCSI portal {a}: {e}")))?;
+        for p in expand(portals)? {
+            let l = crate::portal::bind(&p)
+                .and_then(TcpListener::from_std)
+                .map_err(|e| io::Error::new(e.kind(), format!("iSCSI {e}")))?;
             listeners.push(l);
         }
-        let portals: Vec<SocketAddr> = listeners
+        let addrs: Vec<SocketAddr> = listeners
             .iter()
             .filter_map(|l| l.local_addr().ok())
             .collect();
-        let targets: Vec<Served> = exports
+        let targets = exports
             .iter()
             .filter(|e| matches!(e.storage, Storage::Local(_)))
-            .map(|e| Served {
-                name: format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase()),
-                export: e.clone(),
+            .map(|e| {
+                Arc::new(Served {
+                    name: format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase()),
+                    export: e.clone(),
+                    lu: Arc::default(),
+                })
             })
             .collect();
         Ok(Self {
             listeners,
-            chap: cfg.chap.clone().map(Arc::new),
-            targets: Arc::new(targets),
-            portals: Arc::new(portals),
+            shared: Arc::new(Shared {
+                targets,
+                ports: ports::PortTable::new(&addrs),
+                chap: cfg.chap.clone(),
+            }),
         })
     }
 
     /// The addresses bound (with the ports the OS chose for port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.portals.as_ref().clone()
+        self.shared.ports.iter().map(|p| p.addr).collect()
     }
 
     /// Target names, in export order.
     pub fn target_names(&self) -> Vec<String> {
-        self.targets.iter().map(|t| t.name.clone()).collect()
+        self.handle().target_names()
+    }
+
+    /// The handle the operator's controls use.
+    pub fn handle(&self) -> IscsiHandle {
+        IscsiHandle {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Serves until `stop` turns true; connections end with it.
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let mut accepting = JoinSet::new();
-        for (i, l) in self.listeners.into_iter().enumerate() {
-            let (targets, portals, stop) =
-                (self.targets.clone(), self.portals.clone(), stop.clone());
-            let chap = self.chap.clone();
-            // Relative target port ids count from 1.
-            let port_id = u16::try_from(i + 1).unwrap_or(u16::MAX);
-            accepting.spawn(accept(l, port_id, targets, portals, chap, stop));
+        for (l, port) in self.listeners.into_iter().zip(self.shared.ports.iter()) {
+            accepting.spawn(accept(l, port.tag, self.shared.clone(), stop.clone()));
         }
         while accepting.join_next().await.is_some() {}
     }
 }
 
-async fn accept(
-    l: TcpListener,
-    port_id: u16,
-    targets: Arc<Vec<Served>>,
-    portals: Arc<Vec<SocketAddr>>,
-    chap: Option<Arc<braid_iscsi::chap::Credentials>>,
-    mut stop: watch::Receiver<bool>,
-) {
+/// Wildcard portals replaced by every reachable address of their family
+/// (SendTargets must name addresses a client can connect to, and each
+/// address is its own port group).
+fn expand(portals: &[Portal]) -> io::Result<Vec<Portal>> {
+    let mut out: Vec<Portal> = Vec::new();
+    for p in portals {
+        let found = if p.addr.ip().is_unspecified() {
+            let all = braid_netif::addrs().unwrap_or_default();
+            let (reachable, _) = braid_netif::reachable(&all);
+            let found: Vec<Portal> = reachable
+                .iter()
+                .filter(|a| a.ip.is_ipv4() == p.addr.is_ipv4())
+                .map(|a| Portal {
+                    addr: SocketAddr::new(a.ip, p.addr.port()),
+                    device: None,
+                })
+                .collect();
+            if found.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrNotAvailable,
+                    format!(
+                        "iSCSI portal {}: this host has no address of that family a client \
+                         could reach; name the addresses to serve on with --listen",
+                        p.addr
+                    ),
+                ));
+            }
+            found
+        } else {
+            vec![p.clone()]
+        };
+        for f in found {
+            if !out.iter().any(|o| o.addr == f.addr) {
+                out.push(f);
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn accept(l: TcpListener, tag: u16, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -139,12 +254,10 @@ async fn accept(
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                info!(%peer, port = port_id, "iSCSI connection");
+                info!(%peer, portal_group = tag, "iSCSI connection");
                 let ctx = conn::Ctx {
-                    targets: targets.clone(),
-                    portals: portals.clone(),
-                    port_id,
-                    chap: chap.clone(),
+                    shared: shared.clone(),
+                    tag,
                     stop: stop.clone(),
                 };
                 conns.spawn(conn::serve(stream, peer, ctx));

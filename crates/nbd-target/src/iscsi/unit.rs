@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use braid_iscsi::scsi::cdb::unmap_ranges;
 use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::{check_range, Command, Sense};
+use braid_iscsi::scsi::{alua, check_range, Command, PortGroup, Sense};
 
 use crate::backend::Backend;
 use crate::export::{Export, Storage};
@@ -25,9 +25,9 @@ pub enum Outcome {
     Check(Sense),
 }
 
-/// The unit as SCSI describes it, for the portal with relative port id
-/// `port_id` of `ports` portals (numbered from 1).
-pub fn describe(export: &Export, port_id: u16, ports: u16) -> Unit {
+/// The unit as SCSI describes it through the portal with tag `tag`, of
+/// the target named `target`.
+pub fn describe(export: &Export, target: &str, tag: u16) -> Unit {
     let (thin, rotational) = match &export.storage {
         Storage::Local(b) => {
             let c = b.caps();
@@ -46,10 +46,9 @@ pub fn describe(export: &Export, port_id: u16, ports: u16) -> Unit {
         zeroes_after_unmap: thin,
         rotational,
         max_transfer_blocks: MAX_TRANSFER / BLOCK,
-        relative_port: port_id,
-        // Every portal is active/optimized, so all are one group.
-        port_group: 1,
-        ports: (1..=ports).collect(),
+        relative_port: tag,
+        port_group: tag,
+        target_port: format!("{target},t,0x{tag:04x}"),
     }
 }
 
@@ -88,13 +87,15 @@ pub fn transfer_len(unit: &Unit, lba: u64, blocks: u32) -> Result<u32, Sense> {
         .ok_or(Sense::INVALID_FIELD_IN_CDB)
 }
 
-/// Carries out `cmd` on LUN `lun`; `data` is a WRITE's data, gathered.
+/// Carries out `cmd` on LUN `lun`; `data` is a WRITE's data, gathered;
+/// `groups` the target port groups as they stand.
 pub async fn execute(
     export: &Export,
     unit: &Unit,
     lun: u64,
     cmd: Command,
     data: Option<Vec<u8>>,
+    groups: impl FnOnce() -> Vec<PortGroup>,
 ) -> Outcome {
     // LUN 0 is the export; REPORT LUNS and INQUIRY answer on any LUN.
     let known = lun == 0;
@@ -273,7 +274,7 @@ pub async fn execute(
             }
         }
         Command::ReportTargetPortGroups { extended, alloc } => {
-            Outcome::Good(unit.report_target_port_groups(extended, alloc))
+            Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }
         Command::ReportLuns { .. } => unreachable!("answered above"),
         Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
