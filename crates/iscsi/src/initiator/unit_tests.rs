@@ -2,6 +2,7 @@
 //! and from pages written out by hand as other targets send them.
 
 use super::unit::{self, AccessState, Identity};
+use crate::scsi::alua::{report_target_port_groups, AccessState as ScsiState, PortGroup};
 use crate::scsi::respond::Unit;
 
 fn braid_unit() -> Unit {
@@ -16,7 +17,7 @@ fn braid_unit() -> Unit {
         max_transfer_blocks: 2048,
         relative_port: 2,
         port_group: 2,
-        ports: vec![1, 2],
+        target_port: "iqn.2026-11.org.braid-storage:vol,t,0x0002".into(),
     }
 }
 
@@ -33,7 +34,7 @@ fn braids_own_answers_read_back() {
     let d = unit::designators(&u.inquiry(Some(0x83), 512).unwrap()).unwrap();
     assert_eq!(
         d.identity,
-        Some(Identity("naa.3b1e223344556677".into())),
+        Some(Identity("naa.6b2a1d06b1e2233445566778899aabbc".into())),
         "NAA beats T10"
     );
     assert_eq!((d.relative_port, d.port_group), (Some(2), Some(2)));
@@ -61,13 +62,20 @@ fn braids_own_answers_read_back() {
         (c.blocks, c.block_size, c.thin, c.bytes()),
         (1 << 20, 512, true, 512 << 20)
     );
-    let g = unit::port_groups(&u.report_target_port_groups(false, 1024)).unwrap();
-    assert_eq!(g.len(), 1);
+    let groups: Vec<PortGroup> = [1, 2]
+        .map(|id| PortGroup {
+            id,
+            state: ScsiState::ActiveOptimized,
+            ports: vec![id],
+        })
+        .to_vec();
+    let g = unit::port_groups(&report_target_port_groups(&groups, false, 1024)).unwrap();
+    assert_eq!(g.len(), 2);
     assert_eq!(
-        (g[0].id, g[0].state, g[0].preferred),
-        (2, AccessState::ActiveOptimized, true)
+        (g[1].id, g[1].state, g[1].preferred),
+        (2, AccessState::ActiveOptimized, false)
     );
-    assert_eq!(g[0].ports, [1, 2]);
+    assert_eq!(g[1].ports, [2]);
     // Asked for the wrong page, the answer is refused.
     assert!(unit::serial(&u.inquiry(Some(0x83), 255).unwrap()).is_err());
 }
