@@ -93,6 +93,16 @@ fn control_dir() -> std::path::PathBuf {
     }
 }
 
+/// Waits (bounded) for a serve's control socket: it is bound just after
+/// the exports are logged.
+fn wait_for(control: &std::path::Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !control.exists() {
+        assert!(std::time::Instant::now() < deadline, "no control socket");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn braid(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_braid"))
         .args(args)
@@ -115,6 +125,7 @@ fn braid_alua_drains_a_portal_and_every_session_hears_of_it() {
     ));
     let control_arg = control.display().to_string();
     let serve = serve(port, &["--control", &control_arg]);
+    wait_for(&control);
     let [p1, p2] = portals(port);
     let mut a = Initiator::login(p1, TARGET);
     let mut b = Initiator::login(p2, TARGET);
@@ -189,9 +200,10 @@ fn braid_alua_drains_a_portal_and_every_session_hears_of_it() {
 fn braid_alua_names_what_it_cannot_find() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
-    let control = dir.path().join("c.sock");
-    let control = control.to_str().unwrap();
+    let control_path = dir.path().join("c.sock");
+    let control = control_path.to_str().unwrap();
     let _serve = serve(port, &["--control", control]);
+    wait_for(&control_path);
     let out = braid(&["alua", "127.0.0.9:1", "standby", "--control", control]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");

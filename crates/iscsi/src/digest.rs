@@ -17,6 +17,12 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// CRC32C of what `crc` covered followed by `bytes`: a digest over data
+/// that lies in several pieces (a data segment and its padding).
+pub fn crc32c_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// The digest as it goes on the wire.
 pub fn wire(bytes: &[u8]) -> [u8; DIGEST_LEN] {
     crc32c(bytes).to_le_bytes()
@@ -35,6 +41,12 @@ mod tests {
         assert_eq!(crc32c(&up), 0x46dd_794e);
         let down: Vec<u8> = (0..32).rev().collect();
         assert_eq!(crc32c(&down), 0x113f_db5c);
+    }
+
+    #[test]
+    fn a_digest_over_pieces_is_the_digest_of_the_whole() {
+        let up: Vec<u8> = (0..32).collect();
+        assert_eq!(crc32c_append(crc32c(&up[..13]), &up[13..]), 0x46dd_794e);
     }
 
     #[test]

@@ -283,6 +283,14 @@ impl WriteTransfer {
     pub fn complete(&self) -> bool {
         self.received == self.total
     }
+
+    /// Whether data an R2T asked for is still to come. An aborted WRITE
+    /// waits for it before it is forgotten: the initiator answers every
+    /// R2T it was sent (RFC 7143 4.2.3.3), and its tag may be reused once
+    /// the task management response is out.
+    pub fn awaiting_solicited(&self) -> bool {
+        self.open.iter().any(|s| s.ttt != NO_TAG)
+    }
 }
 
 #[cfg(test)]
@@ -351,7 +359,9 @@ mod tests {
         // Unsolicited Data-Out after the immediate data, up to FirstBurstLength.
         assert_eq!(w.data_out(&data_out(NO_TAG, 0, 8 * k), 24 * k), Ok(8 * k));
         assert_eq!(w.data_out(&data_out(NO_TAG, 1, 32 * k), 32 * k), Ok(32 * k));
+        assert!(!w.awaiting_solicited(), "only unsolicited data so far");
         let r = w.r2ts();
+        assert!(w.awaiting_solicited());
         assert_eq!(r.len(), 1, "MaxOutstandingR2T 1");
         assert_eq!((r[0].r2t_sn, r[0].offset, r[0].len), (0, 64 * k, 64 * k));
         assert!(w.r2ts().is_empty(), "one outstanding at a time");
@@ -370,6 +380,7 @@ mod tests {
             Ok(192 * k)
         );
         assert!(w.complete());
+        assert!(!w.awaiting_solicited());
         assert!(w.r2ts().is_empty());
 
         let h = r[0].bhs(0x21, 0, N);

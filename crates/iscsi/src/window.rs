@@ -14,18 +14,25 @@ pub fn le(a: u32, b: u32) -> bool {
 
 /// The target's command window for one session: which CmdSNs it accepts,
 /// and what it tells the initiator in every response.
+///
+/// MaxCmdSN is honest about what the target can queue: `depth` commands
+/// may be running at once, so the window offers `depth` minus those still
+/// running. Taking a command moves ExpCmdSN and fills one place, leaving
+/// MaxCmdSN where it was; finishing one frees its place and moves MaxCmdSN
+/// on. So MaxCmdSN never goes back, and with every place taken it is
+/// ExpCmdSN - 1, which RFC 7143 reads as "no room now".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Window {
     /// The next CmdSN expected.
     pub exp: u32,
-    /// Commands the target is willing to queue beyond `exp`.
-    pub depth: u32,
+    depth: u32,
+    running: u32,
 }
 
 /// Where a non-immediate command's CmdSN falls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Place {
-    /// It is the next one: execute it, the window moves on.
+    /// It is the next one and there is room: take it.
     Next,
     /// Within the window but ahead of a gap: hold it until the gap fills
     /// (commands may arrive out of order over several connections).
@@ -36,22 +43,33 @@ pub enum Place {
 }
 
 impl Window {
-    /// A window starting at `exp` (the CmdSN of the login) of `depth`.
+    /// A window starting at `exp` (the CmdSN of the login) with room for
+    /// `depth` commands at once.
     pub fn new(exp: u32, depth: u32) -> Self {
         Self {
             exp,
             depth: depth.max(1),
+            running: 0,
         }
     }
 
-    /// MaxCmdSN as responses state it: the last CmdSN accepted.
+    /// MaxCmdSN as responses state it: the last CmdSN accepted now.
     pub fn max(&self) -> u32 {
-        self.exp.wrapping_add(self.depth - 1)
+        self.exp
+            .wrapping_add(self.depth - self.running)
+            .wrapping_sub(1)
+    }
+
+    /// Commands taken and not yet finished.
+    pub fn running(&self) -> u32 {
+        self.running
     }
 
     /// Classifies a non-immediate command's CmdSN.
     pub fn place(&self, cmd_sn: u32) -> Place {
-        if cmd_sn == self.exp {
+        if self.running == self.depth {
+            Place::Outside
+        } else if cmd_sn == self.exp {
             Place::Next
         } else if lt(self.exp, cmd_sn) && le(cmd_sn, self.max()) {
             Place::Ahead
@@ -60,16 +78,25 @@ impl Window {
         }
     }
 
-    /// The next command was taken: ExpCmdSN moves on.
-    pub fn advance(&mut self) {
+    /// The next command was taken: ExpCmdSN moves on, and the command
+    /// holds a place until [`Self::finish`].
+    pub fn take(&mut self) {
         self.exp = self.exp.wrapping_add(1);
+        self.running = (self.running + 1).min(self.depth);
+    }
+
+    /// A command taken earlier has finished: its place is free again.
+    pub fn finish(&mut self) {
+        self.running = self.running.saturating_sub(1);
     }
 
     /// Whether an immediate command's CmdSN is acceptable: immediate
     /// commands carry the CmdSN of the next non-immediate command and do
-    /// not advance it; it must lie within the window.
+    /// not advance it. They take no place (task management must get
+    /// through a full queue), so any CmdSN from ExpCmdSN to the end of
+    /// the whole window will do.
     pub fn immediate_ok(&self, cmd_sn: u32) -> bool {
-        le(self.exp, cmd_sn) && le(cmd_sn, self.max())
+        le(self.exp, cmd_sn) && le(cmd_sn, self.exp.wrapping_add(self.depth - 1))
     }
 }
 
@@ -95,8 +122,10 @@ mod tests {
         assert_eq!(w.place(1), Place::Ahead, "across the wrap");
         assert_eq!(w.place(2), Place::Outside, "beyond MaxCmdSN");
         assert_eq!(w.place(u32::MAX - 2), Place::Outside, "already taken");
-        w.advance();
-        w.advance();
+        w.take();
+        w.take();
+        w.finish();
+        w.finish();
         assert_eq!((w.exp, w.max()), (0, 3));
         assert!(w.immediate_ok(0) && w.immediate_ok(3) && !w.immediate_ok(4));
         assert_eq!(
@@ -104,5 +133,21 @@ mod tests {
             7,
             "a window holds at least one command"
         );
+    }
+
+    #[test]
+    fn max_cmd_sn_offers_only_free_places_and_never_goes_back() {
+        let mut w = Window::new(10, 3);
+        assert_eq!(w.max(), 12);
+        w.take();
+        assert_eq!((w.exp, w.max()), (11, 12), "taking leaves MaxCmdSN");
+        w.take();
+        w.take();
+        assert_eq!((w.exp, w.max(), w.running()), (13, 12, 3));
+        assert_eq!(w.place(13), Place::Outside, "no room: ExpCmdSN - 1");
+        assert!(w.immediate_ok(13), "task management still gets in");
+        w.finish();
+        assert_eq!(w.max(), 13, "a finished command frees its place");
+        assert_eq!(w.place(13), Place::Next);
     }
 }

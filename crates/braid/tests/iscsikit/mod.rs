@@ -7,6 +7,7 @@
 
 #![allow(dead_code)]
 
+pub mod inproc;
 pub mod vpd;
 
 use std::collections::HashMap;
@@ -59,17 +60,27 @@ pub struct Initiator {
     /// PDUs that answer no command (Async Messages, NOP-Ins, task
     /// management responses), in arrival order.
     pub other: Vec<Pdu>,
+    /// R2Ts received.
+    pub r2ts: usize,
+    /// The CmdSN each task was sent with.
+    issued: HashMap<u32, u32>,
+    /// InitialR2T as negotiated, and FirstBurstLength.
+    initial_r2t: bool,
+    first_burst: usize,
 }
 
-/// Who logs in.
+/// Who logs in, and how.
 pub struct LoginAs<'a> {
     pub initiator: &'a str,
     pub isid: [u8; 6],
+    /// Offer InitialR2T=No (unsolicited Data-Out up to FirstBurstLength).
+    pub unsolicited: bool,
 }
 
 pub const DEFAULT_INITIATOR: LoginAs<'static> = LoginAs {
     initiator: "iqn.2026-11.org.braid-storage:test-initiator",
     isid: [0x80, 0, 0, 0x42, 0, 1],
+    unsolicited: false,
 };
 
 impl Initiator {
@@ -95,6 +106,10 @@ impl Initiator {
             tasks: HashMap::new(),
             done: HashMap::new(),
             other: Vec::new(),
+            r2ts: 0,
+            issued: HashMap::new(),
+            initial_r2t: true,
+            first_burst: 65536,
         };
         let mut b = Bhs::new(Opcode::LoginRequest);
         b.set_immediate(true);
@@ -109,7 +124,7 @@ impl Initiator {
             ("HeaderDigest", "CRC32C"),
             ("DataDigest", "CRC32C"),
             ("MaxRecvDataSegmentLength", "1048576"),
-            ("InitialR2T", "Yes"),
+            ("InitialR2T", if who.unsolicited { "No" } else { "Yes" }),
             ("ImmediateData", "Yes"),
         ]);
         i.send(&Pdu::new(b, Bytes::from(keys)), Digests::default());
@@ -127,6 +142,10 @@ impl Initiator {
         };
         assert_eq!(get("HeaderDigest"), "CRC32C");
         i.max_send = get("MaxRecvDataSegmentLength").parse().expect("a number");
+        i.initial_r2t = get("InitialR2T") == "Yes";
+        if let Some((_, v)) = answers.iter().find(|(k, _)| k == "FirstBurstLength") {
+            i.first_burst = v.parse().expect("a number");
+        }
         i.exp_stat_sn = resp.bhs.u32_at(24).wrapping_add(1);
         i.framer.set(DIGESTS, 1 << 20);
         i
@@ -207,11 +226,35 @@ impl Initiator {
         c[..cdb.len()].copy_from_slice(cdb);
         b.0[32..48].copy_from_slice(&c);
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
-        let first = data_out.len().min(self.max_send).min(65536).min(immediate);
+        let first = data_out
+            .len()
+            .min(self.max_send)
+            .min(self.first_burst)
+            .min(immediate);
         self.send(
             &Pdu::new(b, Bytes::copy_from_slice(&data_out[..first])),
             DIGESTS,
         );
+        self.issued.insert(itt, self.cmd_sn.wrapping_sub(1));
+        if !self.initial_r2t && data_out.len() > first {
+            // Unsolicited Data-Out, up to FirstBurstLength.
+            let end = data_out.len().min(self.first_burst);
+            let (mut at, mut data_sn) = (first, 0);
+            while at < end {
+                let n = (end - at).min(self.max_send);
+                let mut d = Bhs::new(Opcode::DataOut);
+                d.set_final(at + n == end);
+                d.set_itt(itt);
+                d.set_u32(20, 0xffff_ffff);
+                d.set_u32(28, self.exp_stat_sn);
+                d.set_u32(36, data_sn);
+                d.set_u32(40, at as u32);
+                let chunk = Bytes::copy_from_slice(&data_out[at..at + n]);
+                self.send(&Pdu::new(d, chunk), DIGESTS);
+                at += n;
+                data_sn += 1;
+            }
+        }
         self.tasks.insert(
             itt,
             Task {
@@ -230,6 +273,7 @@ impl Initiator {
         let itt = p.bhs.itt();
         match p.bhs.opcode() {
             Opcode::R2t => {
+                self.r2ts += 1;
                 let (ttt, offset, len) = (p.bhs.u32_at(20), p.bhs.u32_at(40), p.bhs.u32_at(44));
                 let data = self.tasks[&itt].data_out.clone();
                 let mut sent = 0;
@@ -304,6 +348,11 @@ impl Initiator {
         }
     }
 
+    /// Whether task `itt` has been answered (without waiting).
+    pub fn answered(&self, itt: u32) -> bool {
+        self.done.contains_key(&itt)
+    }
+
     /// Runs one command and waits for its reply.
     pub fn exec(&mut self, cdb: &[u8], data_out: &[u8], expect_in: u32) -> Reply {
         let itt = self.send_command(cdb, data_out, expect_in);
@@ -333,9 +382,45 @@ impl Initiator {
         r.data
     }
 
+    /// Logs out (closing the session); returns the response code.
+    pub fn logout(&mut self) -> u8 {
+        let itt = self.itt;
+        self.itt = self.itt.wrapping_add(1);
+        let mut b = Bhs::new(Opcode::LogoutRequest);
+        b.set_immediate(true);
+        b.0[1] = 0x80; // reason 0: close the session
+        b.set_itt(itt);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
+        self.other_reply(Opcode::LogoutResponse, itt).bhs.0[2]
+    }
+
+    /// Waits for a PDU of `op` answering `itt` among those that answer no
+    /// command.
+    fn other_reply(&mut self, op: Opcode, itt: u32) -> Pdu {
+        loop {
+            if let Some(at) = self
+                .other
+                .iter()
+                .position(|p| p.bhs.opcode() == op && p.bhs.itt() == itt)
+            {
+                return self.other.remove(at);
+            }
+            self.pump();
+        }
+    }
+
+    /// Waits for an Async Message and returns it.
+    pub fn async_message(&mut self) -> Pdu {
+        self.other_reply(Opcode::AsyncMessage, 0xffff_ffff)
+    }
+
     /// A task management request (`function` as RFC 7143 numbers them)
-    /// naming task `referenced`; returns the response code.
+    /// naming task `referenced` (0xffffffff for none); returns the
+    /// response code.
     pub fn task_management(&mut self, function: u8, referenced: u32) -> u8 {
+        let ref_cmd_sn = self.issued.get(&referenced).copied().unwrap_or(0);
         let itt = self.itt;
         self.itt = self.itt.wrapping_add(1);
         let mut b = Bhs::new(Opcode::TaskMgmtRequest);
@@ -345,18 +430,9 @@ impl Initiator {
         b.set_u32(20, referenced);
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
-        b.set_u32(32, 0xffff_ffff);
+        b.set_u32(32, ref_cmd_sn);
         self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
-        loop {
-            if let Some(at) = self
-                .other
-                .iter()
-                .position(|p| p.bhs.opcode() == Opcode::TaskMgmtResponse && p.bhs.itt() == itt)
-            {
-                return self.other.remove(at).bhs.0[2];
-            }
-            self.pump();
-        }
+        self.other_reply(Opcode::TaskMgmtResponse, itt).bhs.0[2]
     }
 }
 

@@ -19,6 +19,9 @@ impl Sense {
     pub const DEVICE_RESET: Sense = Sense::new(Key::UnitAttention, 0x29, 0x03);
     /// ASYMMETRIC ACCESS STATE CHANGED.
     pub const ACCESS_STATE_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x06);
+    /// COMMANDS CLEARED BY ANOTHER INITIATOR: a CLEAR TASK SET ended this
+    /// nexus's tasks.
+    pub const COMMANDS_CLEARED: Sense = Sense::new(Key::UnitAttention, 0x2f, 0x00);
     /// REPORTED LUNS DATA HAS CHANGED.
     pub const REPORTED_LUNS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x3f, 0x0e);
 }

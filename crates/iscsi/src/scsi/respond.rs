@@ -260,6 +260,13 @@ impl Unit {
             let mut p = vec![0u8; 12];
             p[0] = 0x0a;
             p[1] = 0x0a;
+            if !changeable {
+                // QUEUE ALGORITHM MODIFIER 1: SIMPLE tasks run in any
+                // order (they do: commands of a connection run together).
+                // TST 0 (one task set for every nexus) and TAS 0 (tasks
+                // another nexus ends go without a response) stay 0.
+                p[3] = 0x10;
+            }
             pages.extend(p);
         }
         if pages.is_empty() {

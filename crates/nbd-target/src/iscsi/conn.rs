@@ -1,19 +1,16 @@
 //! One iSCSI connection: login, then the full feature phase. One
-//! connection per session (MaxConnections 1); commands run in CmdSN order
-//! as they arrive; WRITE data may be interleaved between commands and is
-//! gathered per task.
+//! connection per session (MaxConnections 1). The reader takes PDUs in
+//! order and keeps the command window; SCSI commands run as tasks of
+//! their own ([`super::command`]); everything sent goes through one
+//! writer ([`super::out`]).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use braid_iscsi::login::{Session, SessionType, Step, TargetConfig, TargetLogin};
 use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
-use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::{Command, Delivery, Key, Sense};
-use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
+use braid_iscsi::transfer::NO_TAG;
 use braid_iscsi::window::{Place, Window};
 use braid_iscsi::{discovery, text, Digests};
 use bytes::{Bytes, BytesMut};
@@ -22,19 +19,17 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::lu::Nexus;
-use super::unit::{self, Outcome};
-use super::{Served, Shared};
+use super::command::{self, Commands, Lun, Slot};
+use super::out::{self, lock, Outbox, Sn};
+use super::sessions::{Key, Registration};
+use super::{tmf, unit, Served, Shared};
 
-/// Commands the target lets an initiator have outstanding.
+/// Commands the target lets an initiator have running at once.
 const QUEUE_DEPTH: u32 = 64;
 
-/// Bytes of WRITE data one connection may have waiting for their
-/// Data-Out. Each waiting WRITE holds its whole buffer, so without a bound
-/// an initiator that sends commands and never their data could pin
-/// QUEUE_DEPTH x 8 MiB per connection; past it a WRITE is answered TASK
-/// SET FULL and the initiator retries it later.
-const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
+/// How long a session has to log out once the server stops (the Async
+/// Message's Parameter3) before its connection is closed anyway.
+const LOGOUT_GRACE_SECS: u16 = 2;
 
 pub(crate) struct Ctx {
     pub shared: Arc<Shared>,
@@ -50,133 +45,24 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx) {
         .map_err(|e| span.in_scope(|| info!("iSCSI connection closed: {e}")));
 }
 
-/// A WRITE waiting for its data.
-struct PendingWrite {
-    cmd: Command,
-    lun: u64,
-    /// Bytes the CDB names, and bytes the initiator said it would send:
-    /// when they differ, only the smaller moves and the response says by
-    /// how much (overflow or underflow).
-    cdb_bytes: u32,
-    expected: u32,
-    transfer: WriteTransfer,
-    buf: Vec<u8>,
-}
-
-struct Conn {
-    stream: TcpStream,
-    buf: BytesMut,
-    framer: Framer,
-    digests: Digests,
-    stat_sn: u32,
-    window: Window,
-    out: Vec<u8>,
-}
-
-impl Conn {
-    async fn next(&mut self, stop: &mut watch::Receiver<bool>) -> Result<Option<Pdu>, String> {
-        loop {
-            if let Some(p) = self.framer.next(&mut self.buf).map_err(|e| e.to_string())? {
-                return Ok(Some(p));
-            }
-            let n = tokio::select! {
-                r = self.stream.read_buf(&mut self.buf) => r.map_err(|e| e.to_string())?,
-                _ = stop.wait_for(|s| *s) => return Ok(None),
-            };
-            if n == 0 {
-                return Ok(None);
-            }
+/// Reads into `buf` until `framer` has a whole PDU; `None` at the end of
+/// the stream.
+async fn next_pdu(
+    stream: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut BytesMut,
+    framer: &Framer,
+) -> Result<Option<Pdu>, String> {
+    loop {
+        if let Some(p) = framer.next(buf).map_err(|e| e.to_string())? {
+            return Ok(Some(p));
         }
-    }
-
-    fn numbers(&mut self, with_status: bool) -> Numbers {
-        let n = Numbers {
-            stat_sn: self.stat_sn,
-            exp_cmd_sn: self.window.exp,
-            max_cmd_sn: self.window.max(),
-        };
-        if with_status {
-            self.stat_sn = self.stat_sn.wrapping_add(1);
+        if stream.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
+            return Ok(None);
         }
-        n
-    }
-
-    fn queue(&mut self, pdu: &Pdu) {
-        pdu.encode(self.digests, &mut self.out);
-    }
-
-    async fn flush(&mut self) -> Result<(), String> {
-        if !self.out.is_empty() {
-            self.stream
-                .write_all(&self.out)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.out.clear();
-        }
-        Ok(())
-    }
-
-    /// A response header with the numbers every target PDU carries.
-    fn header(&mut self, op: Opcode, itt: u32, with_status: bool) -> Bhs {
-        let n = self.numbers(with_status);
-        let mut b = Bhs::new(op);
-        b.set_final(true);
-        b.set_itt(itt);
-        b.set_u32(24, n.stat_sn);
-        b.set_u32(28, n.exp_cmd_sn);
-        b.set_u32(32, n.max_cmd_sn);
-        b
-    }
-
-    /// A SCSI Response; `have` and `expected` bytes give the residual
-    /// (overflow when the command had more data than the initiator
-    /// expected, underflow when less). Sent only when no Data-In carried
-    /// the status, so ExpDataSN is always 0.
-    fn scsi_response(
-        &mut self,
-        itt: u32,
-        outcome_status: u8,
-        sense: Bytes,
-        have: u32,
-        expected: u32,
-    ) {
-        let mut b = self.header(Opcode::ScsiResponse, itt, true);
-        b.0[3] = outcome_status;
-        if have > expected {
-            b.0[1] |= 0x04;
-            b.set_u32(44, have - expected);
-        } else if have < expected {
-            b.0[1] |= 0x02;
-            b.set_u32(44, expected - have);
-        }
-        self.queue(&Pdu::new(b, sense));
-    }
-
-    /// GOOD with `data` for the initiator: in Data-In PDUs, the last
-    /// carrying the status, or in a SCSI Response when nothing is sent.
-    fn data_in(&mut self, itt: u32, data: Vec<u8>, expected: u32, params: &Params) {
-        let have = data.len() as u32;
-        if data.is_empty() || expected == 0 {
-            self.scsi_response(itt, status::GOOD, Bytes::new(), have, expected);
-            return;
-        }
-        let n = self.numbers(true);
-        let data = Bytes::from(data);
-        let peer_max = params.peer_max_recv_data;
-        for d in transfer::data_in(itt, have, expected, peer_max, params.max_burst, n) {
-            let slice = data.slice(d.offset as usize..(d.offset + d.len) as usize);
-            self.queue(&Pdu::new(d.bhs, slice));
-        }
-    }
-
-    /// CHECK CONDITION with `sense`.
-    fn check(&mut self, itt: u32, sense: Sense) {
-        let segment = Bytes::from(sense.iscsi_segment());
-        self.scsi_response(itt, status::CHECK_CONDITION, segment, 0, 0);
     }
 }
 
-async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), String> {
+async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), String> {
     // A client outside an export's allow-list does not see that target
     // at all: not in discovery, and a login naming it finds nothing.
     let visible: Vec<Arc<Served>> = ctx
@@ -186,15 +72,6 @@ async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), St
         .filter(|t| crate::access::allowed(&t.export.allow, Some(peer.ip())))
         .cloned()
         .collect();
-    let mut c = Conn {
-        stream,
-        buf: BytesMut::with_capacity(64 * 1024),
-        framer: Framer::new(8192),
-        digests: Digests::default(),
-        stat_sn: 0,
-        window: Window::new(0, QUEUE_DEPTH),
-        out: Vec::new(),
-    };
     let ours = Params {
         max_recv_data: 262_144,
         max_burst: 1 << 20,
@@ -218,333 +95,311 @@ async fn run(stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<(), St
         chap_id: uuid::Uuid::new_v4().as_bytes()[0],
         chap_challenge: *uuid::Uuid::new_v4().as_bytes(),
     });
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut framer = Framer::new(8192);
+    let mut out = Vec::new();
     let session = loop {
-        let Some(pdu) = c.next(&mut ctx.stop).await? else {
-            return Ok(());
+        let pdu = tokio::select! {
+            p = next_pdu(&mut stream, &mut buf, &framer) => p?,
+            _ = ctx.stop.wait_for(|s| *s) => None,
         };
-        match login.handle(&pdu) {
-            Step::Continue(resp) => c.queue(&resp),
-            Step::Complete(resp, session) => {
-                c.queue(&resp);
-                break session;
-            }
+        let Some(pdu) = pdu else { return Ok(()) };
+        let (resp, done) = match login.handle(&pdu) {
+            Step::Continue(resp) => (resp, None),
+            Step::Complete(resp, session) => (resp, Some(session)),
             Step::Fail(resp, st, why) => {
-                c.queue(&resp);
-                c.flush().await?;
+                out.clear();
+                resp.encode(Digests::default(), &mut out);
+                let _ = stream.write_all(&out).await;
                 return Err(format!("login refused ({}/{}): {why}", st.0, st.1));
             }
+        };
+        if let Some(session) = done {
+            break (resp, *session);
         }
-        c.flush().await?;
+        out.clear();
+        resp.encode(Digests::default(), &mut out);
+        stream.write_all(&out).await.map_err(|e| e.to_string())?;
     };
-    c.flush().await?;
-    full_feature(c, *session, visible, ctx).await
-}
-
-async fn full_feature(
-    mut c: Conn,
-    s: Session,
-    visible: Vec<Arc<Served>>,
-    mut ctx: Ctx,
-) -> Result<(), String> {
-    c.digests = Digests {
-        header: s.params.header_digest,
-        data: s.params.data_digest,
-    };
-    c.framer.set(c.digests, s.params.max_recv_data as usize);
-    c.stat_sn = s.stat_sn;
-    c.window = Window::new(s.exp_cmd_sn, QUEUE_DEPTH);
+    let (last, s) = session;
     let served = s
         .target
         .as_ref()
         .and_then(|name| visible.iter().find(|t| &t.name == name))
         .cloned();
+    // A login that reinstates a session completes only once the old one
+    // has ended, every task with it.
+    let registration = match &served {
+        Some(t) => Some(
+            ctx.shared
+                .sessions
+                .enter(Key {
+                    initiator: s.initiator.clone(),
+                    isid: s.isid,
+                    target: t.name.clone(),
+                    tag: ctx.tag,
+                })
+                .await,
+        ),
+        None => None,
+    };
+    out.clear();
+    last.encode(Digests::default(), &mut out);
+    stream.write_all(&out).await.map_err(|e| e.to_string())?;
     info!(
         initiator = %s.initiator,
         target = s.target.as_deref().unwrap_or("(discovery)"),
         "iSCSI login"
     );
+    framer.set(digests(&s.params), s.params.max_recv_data as usize);
+    full_feature(stream, buf, framer, s, served, registration, visible, ctx).await
+}
+
+fn digests(p: &Params) -> Digests {
+    Digests {
+        header: p.header_digest,
+        data: p.data_digest,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn full_feature(
+    stream: TcpStream,
+    mut buf: BytesMut,
+    framer: Framer,
+    s: Session,
+    served: Option<Arc<Served>>,
+    registration: Option<Registration>,
+    visible: Vec<Arc<Served>>,
+    mut ctx: Ctx,
+) -> Result<(), String> {
+    let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, QUEUE_DEPTH)));
+    let (mut rd, wr) = stream.into_split();
+    let (outbox, writer) = out::start(wr, digests(&s.params), s.stat_sn, window.clone());
     // A normal session is an I_T nexus of its target's unit.
-    let lun = served.as_ref().map(|t| {
-        let unit = unit::describe(&t.export, &t.name, ctx.tag);
-        (t.clone(), unit, t.lu.join())
+    let mut cmds = served.map(|t| {
+        let lun = Lun {
+            unit: unit::describe(&t.export, &t.name, ctx.tag),
+            nexus: t.lu.join(),
+            hold: ctx.shared.hold_for(&s.initiator),
+            shared: ctx.shared.clone(),
+            tag: ctx.tag,
+            served: t,
+        };
+        Commands::new(Arc::new(lun), outbox.clone(), s.params)
     });
-    let mut writes: HashMap<u32, PendingWrite> = HashMap::new();
-    while let Some(pdu) = c.next(&mut ctx.stop).await? {
-        let b = pdu.bhs;
-        if b.opcode() != Opcode::DataOut {
-            // One connection, so commands arrive in CmdSN order; one
-            // outside the window the target announced is ignored, as
-            // RFC 7143 asks (a gap cannot fill on a single connection).
-            let cmd_sn = b.u32_at(24);
-            if b.immediate() {
-                if !c.window.immediate_ok(cmd_sn) {
-                    debug!(cmd_sn, "immediate command outside the window ignored");
-                    continue;
-                }
-            } else if c.window.place(cmd_sn) == Place::Next {
-                c.window.advance();
-            } else {
-                debug!(
-                    cmd_sn,
-                    exp = c.window.exp,
-                    "command outside the window ignored"
-                );
-                continue;
-            }
-        }
-        match b.opcode() {
-            Opcode::NopOut => {
-                if b.itt() != NO_TAG {
-                    let mut r = c.header(Opcode::NopIn, b.itt(), true);
-                    r.set_lun(b.lun());
-                    r.set_u32(20, NO_TAG);
-                    c.queue(&Pdu::new(r, pdu.data.clone()));
-                }
-            }
-            Opcode::TextRequest => {
-                let pairs = text::parse(&pdu.data).map_err(|e| e.to_string())?;
-                let portals: Vec<(SocketAddr, u16)> =
-                    ctx.shared.ports.iter().map(|p| (p.addr, p.tag)).collect();
-                let listings: Vec<discovery::Listing> = visible
-                    .iter()
-                    .map(|t| discovery::Listing {
-                        name: t.name.clone(),
-                        portals: portals.clone(),
-                    })
-                    .collect();
-                let mut answer = Vec::new();
-                for (k, v) in &pairs {
-                    if k == "SendTargets" {
-                        let discovering = s.kind == SessionType::Discovery;
-                        answer = discovery::answer(v, &listings, discovering, s.target.as_deref())
-                            .unwrap_or_default();
-                    }
-                }
-                let mut r = c.header(Opcode::TextResponse, b.itt(), true);
-                r.set_u32(20, NO_TAG);
-                c.queue(&Pdu::new(r, Bytes::from(answer)));
-            }
-            Opcode::LogoutRequest => {
-                let r = c.header(Opcode::LogoutResponse, b.itt(), true);
-                c.queue(&Pdu::new(r, Bytes::new()));
-                c.flush().await?;
-                debug!("logout");
-                return Ok(());
-            }
-            Opcode::TaskMgmtRequest => {
-                // Commands run to completion as they arrive, so only a
-                // WRITE still waiting for data can be aborted.
-                let function = b.0[1] & 0x7f;
-                let response = match function {
-                    // ABORT TASK
-                    1 => {
-                        if writes.remove(&b.u32_at(20)).is_some() {
-                            0
-                        } else {
-                            1 // task does not exist (it already completed)
+    let owner = cmds.as_ref().map(|c| c.owner.clone());
+    let mut replaced = registration.as_ref().map(|r| r.stop.clone());
+    // Once the server stops, the initiator is asked to log out (so it
+    // moves its I/O elsewhere at once) and given a moment to.
+    let mut leaving: Option<tokio::time::Instant> = None;
+    let result = loop {
+        let pdu = match framer.next(&mut buf) {
+            Ok(Some(p)) => p,
+            Err(e) => break Err(e.to_string()),
+            Ok(None) => {
+                tokio::select! {
+                    r = rd.read_buf(&mut buf) => match r {
+                        Ok(0) => break Ok(()),
+                        Ok(_) => continue,
+                        Err(e) => break Err(e.to_string()),
+                    },
+                    () = notified(owner.as_deref()) => {
+                        if let Some(c) = cmds.as_mut() {
+                            c.sweep();
                         }
-                    }
-                    // ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET, TARGET WARM RESET
-                    2 | 3 | 5 | 6 => {
-                        writes.clear();
-                        0
-                    }
-                    _ => 5, // not supported
-                };
-                let mut r = c.header(Opcode::TaskMgmtResponse, b.itt(), true);
-                r.0[2] = response;
-                c.queue(&Pdu::new(r, Bytes::new()));
-            }
-            Opcode::ScsiCommand => {
-                let Some(lun) = lun.as_ref() else {
-                    reject(&mut c, &pdu, 0x04);
-                    continue;
-                };
-                command(&mut c, &pdu, lun, &ctx, &s.params, &mut writes).await?;
-            }
-            Opcode::DataOut => {
-                let itt = b.itt();
-                let Some(w) = writes.get_mut(&itt) else {
-                    reject(&mut c, &pdu, 0x09);
-                    continue;
-                };
-                let at = match w.transfer.data_out(&b, pdu.data.len() as u32) {
-                    Ok(at) => at,
-                    Err(e) => {
-                        // The task cannot complete as sent: it ends with
-                        // DATA PHASE ERROR, and the connection carries on.
-                        warn!("WRITE data out of turn: {e}");
-                        writes.remove(&itt);
-                        let sense = Sense::new(Key::AbortedCommand, 0x4b, 0x00);
-                        c.check(itt, sense);
-                        c.flush().await?;
                         continue;
                     }
-                };
-                w.buf[at as usize..at as usize + pdu.data.len()].copy_from_slice(&pdu.data);
-                if w.transfer.complete() {
-                    let w = writes.remove(&itt).expect("present");
-                    let (served, unit, _) = lun.as_ref().expect("a write implies a unit");
-                    finish_write(&mut c, itt, w, served, unit).await;
-                } else {
-                    for r2t in w.transfer.r2ts() {
-                        let lun = w.lun;
-                        let n = c.numbers(false);
-                        c.queue(&Pdu::new(r2t.bhs(itt, lun, n), Bytes::new()));
+                    _ = ctx.stop.wait_for(|s| *s), if leaving.is_none() => {
+                        if cmds.is_none() {
+                            break Ok(());
+                        }
+                        outbox.pdu(logout_request(), Bytes::new(), Sn::Takes);
+                        let grace = std::time::Duration::from_secs(LOGOUT_GRACE_SECS.into());
+                        leaving = Some(tokio::time::Instant::now() + grace);
+                        continue;
+                    }
+                    () = until(leaving) => {
+                        info!("no logout after the server stopped: closing");
+                        break Ok(());
+                    }
+                    () = stopped(replaced.as_mut()) => {
+                        info!("session reinstated by a new login: closing this one");
+                        break Ok(());
                     }
                 }
             }
-            other => {
-                warn!(?other, "unexpected PDU in the full feature phase");
-                reject(&mut c, &pdu, 0x04);
-            }
-        }
-        c.flush().await?;
-    }
-    Ok(())
-}
-
-/// A Reject carrying the offending header (reason 0x04: protocol error,
-/// 0x09: invalid PDU field).
-fn reject(c: &mut Conn, pdu: &Pdu, reason: u8) {
-    let mut r = c.header(Opcode::Reject, NO_TAG, true);
-    r.0[2] = reason;
-    c.queue(&Pdu::new(r, Bytes::copy_from_slice(&pdu.bhs.0)));
-}
-
-async fn command(
-    c: &mut Conn,
-    pdu: &Pdu,
-    (served, unit, nexus): &(Arc<Served>, Unit, Nexus),
-    ctx: &Ctx,
-    params: &Params,
-    writes: &mut HashMap<u32, PendingWrite>,
-) -> Result<(), String> {
-    let b = pdu.bhs;
-    let itt = b.itt();
-    let expected = b.u32_at(20);
-    let lun = b.lun() >> 48;
-    let cmd = match Command::parse(&b.0[32..48]) {
-        Ok(cmd) => cmd,
-        Err(sense) => {
-            c.check(itt, sense);
-            return Ok(());
+        };
+        match handle(&pdu, &s, &window, &outbox, cmds.as_mut(), &visible, &ctx).await {
+            Ok(true) => {}
+            Ok(false) => break Ok(()),
+            Err(e) => break Err(e),
         }
     };
-    if lun == 0 {
-        // A unit attention pending for this nexus comes first (SAM-5
-        // 5.14), then what the port's access state allows.
-        match nexus.deliver(&cmd) {
-            Delivery::Run => {}
-            Delivery::Report(sense) => {
-                c.check(itt, sense);
-                return Ok(());
-            }
-            Delivery::AsSenseData(sense) => {
-                let alloc = match cmd {
-                    Command::RequestSense { alloc } => alloc,
-                    _ => 0,
-                };
-                let data = respond::request_sense(Some(sense), alloc);
-                c.data_in(itt, data, expected, params);
-                return Ok(());
-            }
-        }
-        if let Err(sense) = ctx.shared.ports.get(ctx.tag).state().check(&cmd) {
-            c.check(itt, sense);
-            return Ok(());
-        }
+    if let Some(c) = cmds.as_mut() {
+        c.shutdown().await;
     }
-    if let Some(wanted) = cmd.data_out_len(unit::BLOCK) {
-        // Checked before any data is taken: a WRITE's range and size, a
-        // parameter list's size.
-        let checked = match cmd {
-            Command::Write { lba, blocks, .. } => unit::transfer_len(unit, lba, blocks),
-            _ if wanted > 65_536 => Err(Sense::PARAMETER_LIST_LENGTH),
-            _ => Ok(wanted as u32),
-        };
-        // What moves is the smaller of what the CDB names and what the
-        // initiator expects to send.
-        let moved = checked.and_then(|cdb_bytes| {
-            let total = cdb_bytes.min(expected);
-            match cmd {
-                // A partial last block is taken from the wire but not
-                // written; the residual tells the initiator.
-                Command::Write { lba, fua, .. } => Ok((
-                    Command::Write {
-                        lba,
-                        blocks: total / unit::BLOCK,
-                        fua,
-                    },
-                    cdb_bytes,
-                    total,
-                )),
-                _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
-                _ => Err(Sense::PARAMETER_LIST_LENGTH),
-            }
-        });
-        let (cmd, cdb_bytes, total) = match moved {
-            Ok(m) => m,
-            Err(sense) => {
-                c.check(itt, sense);
-                return Ok(());
-            }
-        };
-        let pending: usize = writes.values().map(|w| w.buf.len()).sum();
-        if pending + total as usize > MAX_PENDING_WRITE_BYTES {
-            c.scsi_response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
-            return Ok(());
-        }
-        // Immediate data past what moves is not used (the initiator sent
-        // up to its expected length).
-        let immediate = pdu.data.len().min(total as usize);
-        let transfer = WriteTransfer::new(
-            total,
-            immediate as u32,
-            params.initial_r2t,
-            params.first_burst,
-            params.max_burst,
-            params.max_outstanding_r2t,
-        )
-        .map_err(|e| e.to_string())?;
-        let mut buf = vec![0u8; total as usize];
-        buf[..immediate].copy_from_slice(&pdu.data[..immediate]);
-        let w = PendingWrite {
-            cmd,
-            lun,
-            cdb_bytes,
-            expected,
-            transfer,
-            buf,
-        };
-        if w.transfer.complete() {
-            finish_write(c, itt, w, served, unit).await;
-            return Ok(());
-        }
-        let mut w = w;
-        for r2t in w.transfer.r2ts() {
-            let n = c.numbers(false);
-            c.queue(&Pdu::new(r2t.bhs(itt, b.lun(), n), Bytes::new()));
-        }
-        writes.insert(itt, w);
-        return Ok(());
-    }
-    let groups = || ctx.shared.ports.groups();
-    match unit::execute(&served.export, unit, lun, cmd, None, groups).await {
-        Outcome::Good(data) => c.data_in(itt, data, expected, params),
-        Outcome::Check(sense) => c.check(itt, sense),
-    }
-    Ok(())
+    drop(cmds);
+    drop(outbox);
+    let _ = writer.await;
+    drop(registration);
+    result
 }
 
-async fn finish_write(c: &mut Conn, itt: u32, w: PendingWrite, served: &Served, unit: &Unit) {
-    let (have, expected) = (w.cdb_bytes, w.expected);
-    let mut buf = w.buf;
-    if let Command::Write { blocks, .. } = w.cmd {
-        buf.truncate((blocks * unit::BLOCK) as usize);
+/// An Async Message asking the initiator to log out within
+/// [`LOGOUT_GRACE_SECS`] (RFC 7143 11.9.1, AsyncEvent 1).
+fn logout_request() -> Bhs {
+    let mut b = Bhs::new(Opcode::AsyncMessage);
+    b.set_final(true);
+    b.set_itt(NO_TAG);
+    b.0[36] = 1;
+    b.0[42..44].copy_from_slice(&LOGOUT_GRACE_SECS.to_be_bytes());
+    b
+}
+
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
-    match unit::execute(&served.export, unit, w.lun, w.cmd, Some(buf), Vec::new).await {
-        Outcome::Good(_) => c.scsi_response(itt, status::GOOD, Bytes::new(), have, expected),
-        Outcome::Check(sense) => c.check(itt, sense),
+}
+
+async fn notified(n: Option<&tokio::sync::Notify>) {
+    match n {
+        Some(n) => n.notified().await,
+        None => std::future::pending().await,
     }
+}
+
+async fn stopped(r: Option<&mut watch::Receiver<bool>>) {
+    match r {
+        Some(r) => {
+            let _ = r.wait_for(|s| *s).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// One PDU of the full feature phase; `false` when the connection is to
+/// end (a logout).
+async fn handle(
+    pdu: &Pdu,
+    s: &Session,
+    window: &out::SharedWindow,
+    outbox: &Outbox,
+    cmds: Option<&mut Commands>,
+    visible: &[Arc<Served>],
+    ctx: &Ctx,
+) -> Result<bool, String> {
+    let b = pdu.bhs;
+    if b.opcode() == Opcode::DataOut {
+        match cmds {
+            Some(c) if c.awaits_data(b.itt()) => c.data_out(pdu),
+            _ => outbox.send(out::Batch {
+                pdus: vec![command::reject(pdu, 0x09)],
+                permit: None,
+            }),
+        }
+        return Ok(true);
+    }
+    // One connection, so commands arrive in CmdSN order; one outside the
+    // window the target announced is ignored, as RFC 7143 asks (a gap
+    // cannot fill on a single connection).
+    let cmd_sn = b.u32_at(24);
+    let slot = {
+        let mut w = lock(window);
+        if b.immediate() {
+            if !w.immediate_ok(cmd_sn) {
+                debug!(cmd_sn, "immediate command outside the window ignored");
+                return Ok(true);
+            }
+            Slot::none()
+        } else if w.place(cmd_sn) == Place::Next {
+            w.take();
+            drop(w);
+            Slot::taken(window)
+        } else {
+            debug!(cmd_sn, exp = w.exp, "command outside the window ignored");
+            return Ok(true);
+        }
+    };
+    let reply = |op: Opcode| {
+        let mut r = Bhs::new(op);
+        r.set_final(true);
+        r.set_itt(b.itt());
+        r
+    };
+    match b.opcode() {
+        Opcode::NopOut => {
+            if b.itt() != NO_TAG {
+                let mut r = reply(Opcode::NopIn);
+                r.set_lun(b.lun());
+                r.set_u32(20, NO_TAG);
+                outbox.pdu(r, pdu.data.clone(), Sn::Takes);
+            }
+        }
+        Opcode::TextRequest => {
+            let pairs = text::parse(&pdu.data).map_err(|e| e.to_string())?;
+            let portals: Vec<(SocketAddr, u16)> =
+                ctx.shared.ports.iter().map(|p| (p.addr, p.tag)).collect();
+            let listings: Vec<discovery::Listing> = visible
+                .iter()
+                .map(|t| discovery::Listing {
+                    name: t.name.clone(),
+                    portals: portals.clone(),
+                })
+                .collect();
+            let mut answer = Vec::new();
+            for (k, v) in &pairs {
+                if k == "SendTargets" {
+                    let discovering = s.kind == SessionType::Discovery;
+                    answer = discovery::answer(v, &listings, discovering, s.target.as_deref())
+                        .unwrap_or_default();
+                }
+            }
+            let mut r = reply(Opcode::TextResponse);
+            r.set_u32(20, NO_TAG);
+            outbox.pdu(r, Bytes::from(answer), Sn::Takes);
+        }
+        Opcode::LogoutRequest => {
+            // Commands already taken finish and are answered first.
+            if let Some(c) = cmds {
+                c.drain().await;
+            }
+            outbox.pdu(reply(Opcode::LogoutResponse), Bytes::new(), Sn::Takes);
+            debug!("logout");
+            return Ok(false);
+        }
+        Opcode::TaskMgmtRequest => {
+            let Some(c) = cmds else {
+                outbox.send(out::Batch {
+                    pdus: vec![command::reject(pdu, 0x04)],
+                    permit: None,
+                });
+                return Ok(true);
+            };
+            let (lun, outbox, req) = (c.lun.clone(), outbox.clone(), pdu.clone());
+            let exp = lock(window).exp;
+            c.spawn(async move {
+                let _slot = slot;
+                let code = tmf::perform(&lun, &req.bhs, exp).await;
+                outbox.pdu(tmf::response(&req, code), Bytes::new(), Sn::Takes);
+            });
+        }
+        Opcode::ScsiCommand => match cmds {
+            Some(c) => c.command(pdu, slot),
+            None => outbox.send(out::Batch {
+                pdus: vec![command::reject(pdu, 0x04)],
+                permit: None,
+            }),
+        },
+        other => {
+            warn!(?other, "unexpected PDU in the full feature phase");
+            outbox.send(out::Batch {
+                pdus: vec![command::reject(pdu, 0x04)],
+                permit: None,
+            });
+        }
+    }
+    Ok(true)
 }

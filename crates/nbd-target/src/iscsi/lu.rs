@@ -1,6 +1,6 @@
 //! What one export's logical unit keeps across every iSCSI session that
-//! uses it: the I_T nexuses logged in, and the unit attention conditions
-//! each is owed.
+//! uses it: the I_T nexuses logged in, the unit attention conditions
+//! each is owed, and the task set.
 //!
 //! A session is one I_T nexus (one connection per session here), known
 //! by a number drawn when it logs in and dropped when it ends.
@@ -11,11 +11,14 @@ use std::sync::{Arc, Mutex};
 
 use braid_iscsi::scsi::{Attentions, Command, Delivery, Sense};
 
+use super::task::TaskSet;
+
 /// One logical unit's shared state.
 #[derive(Debug, Default)]
 pub(crate) struct LogicalUnit {
     nexuses: Mutex<HashMap<u64, Attentions>>,
     next: AtomicU64,
+    pub tasks: Arc<TaskSet>,
 }
 
 /// An I_T nexus logged in to the unit; leaves it when dropped.
@@ -57,6 +60,19 @@ impl LogicalUnit {
         }
     }
 
+    /// Establishes `sense` on nexus `id`.
+    pub fn raise_on(&self, id: u64, sense: Sense) {
+        if let Some(a) = self.lock().get_mut(&id) {
+            a.raise(sense);
+        }
+    }
+
+    /// The unit was reset (LOGICAL UNIT RESET, TARGET WARM RESET): every
+    /// nexus is told so, the one that asked included (SAM-5 6.3.3).
+    pub fn reset(&self) {
+        self.raise(Sense::DEVICE_RESET, None);
+    }
+
     /// Establishes `sense` on every nexus but `except`.
     pub fn raise(&self, sense: Sense, except: Option<u64>) {
         for (id, a) in self.lock().iter_mut() {
@@ -76,13 +92,16 @@ mod tests {
         let lu = Arc::new(LogicalUnit::default());
         let (a, b) = (lu.join(), lu.join());
         lu.raise(Sense::ACCESS_STATE_CHANGED, None);
-        lu.raise(Sense::DEVICE_RESET, Some(b.id));
+        lu.raise(Sense::REPORTED_LUNS_CHANGED, Some(b.id));
         let tur = Command::TestUnitReady;
         assert_eq!(
             a.deliver(&tur),
             Delivery::Report(Sense::ACCESS_STATE_CHANGED)
         );
-        assert_eq!(a.deliver(&tur), Delivery::Report(Sense::DEVICE_RESET));
+        assert_eq!(
+            a.deliver(&tur),
+            Delivery::Report(Sense::REPORTED_LUNS_CHANGED)
+        );
         assert_eq!(
             b.deliver(&tur),
             Delivery::Report(Sense::ACCESS_STATE_CHANGED)

@@ -7,14 +7,20 @@
 //! moves bytes and calls the backend. Exports forwarded to another server
 //! (braid attach) are not offered over iSCSI.
 
+mod command;
 mod conn;
 mod lu;
+mod out;
 mod ports;
+mod sessions;
+mod task;
+mod tmf;
 mod unit;
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use braid_iscsi::scsi::{AccessState, Sense};
 use tokio::net::TcpListener;
@@ -23,6 +29,7 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::export::{Export, Exports, Storage};
+use crate::hold::Hold;
 use crate::portal::Portal;
 
 pub use ports::AluaError;
@@ -63,6 +70,18 @@ pub(crate) struct Shared {
     pub targets: Vec<Arc<Served>>,
     pub ports: ports::PortTable,
     pub chap: Option<braid_iscsi::chap::Credentials>,
+    pub sessions: Arc<sessions::Sessions>,
+    /// Test hook: commands of an initiator's sessions wait before the
+    /// backend while its hold is set (`IscsiHandle::hold`).
+    holds: Mutex<HashMap<String, Arc<Hold>>>,
+}
+
+impl Shared {
+    /// The hold of sessions of `initiator`.
+    pub fn hold_for(&self, initiator: &str) -> Arc<Hold> {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        holds.entry(initiator.to_lowercase()).or_default().clone()
+    }
 }
 
 /// Bound iSCSI portals, ready to run.
@@ -132,6 +151,16 @@ impl IscsiHandle {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
+impl IscsiHandle {
+    /// Test hook: while `on`, commands of every session of `initiator`
+    /// wait before they reach the backend (as a stuck path would hold
+    /// them), so that a test can abort or fence them.
+    pub fn hold(&self, initiator: &str, on: bool) {
+        self.shared.hold_for(initiator).set(on);
+    }
+}
+
 impl IscsiServer {
     /// Binds `portals` (one per portal; a wildcard address stands for
     /// each address of its family a client could reach, as for NBD) for
@@ -173,6 +202,8 @@ impl IscsiServer {
                 targets,
                 ports: ports::PortTable::new(&addrs),
                 chap: cfg.chap.clone(),
+                sessions: Arc::default(),
+                holds: Mutex::default(),
             }),
         })
     }
@@ -269,5 +300,7 @@ async fn accept(l: TcpListener, tag: u16, shared: Arc<Shared>, mut stop: watch::
         }
         while conns.try_join_next().is_some() {}
     }
-    conns.shutdown().await;
+    // Each connection asks its initiator to log out and ends within a
+    // few seconds; their tasks finish with them.
+    while conns.join_next().await.is_some() {}
 }

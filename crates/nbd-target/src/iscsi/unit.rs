@@ -87,31 +87,32 @@ pub fn transfer_len(unit: &Unit, lba: u64, blocks: u32) -> Result<u32, Sense> {
         .ok_or(Sense::INVALID_FIELD_IN_CDB)
 }
 
-/// Carries out `cmd` on LUN `lun`; `data` is a WRITE's data, gathered;
-/// `groups` the target port groups as they stand.
-pub async fn execute(
-    export: &Export,
-    unit: &Unit,
-    lun: u64,
-    cmd: Command,
-    data: Option<Vec<u8>>,
-    groups: impl FnOnce() -> Vec<PortGroup>,
-) -> Outcome {
-    // LUN 0 is the export; REPORT LUNS and INQUIRY answer on any LUN.
-    let known = lun == 0;
+/// A command sent to a LUN other than 0, where no unit is: REPORT LUNS
+/// and INQUIRY answer (peripheral qualifier 3: no unit here), the rest
+/// is LOGICAL UNIT NOT SUPPORTED.
+pub fn answer_other_lun(unit: &Unit, cmd: Command) -> Outcome {
     match cmd {
-        Command::ReportLuns { alloc } => return Outcome::Good(respond::report_luns(&[0], alloc)),
-        Command::Inquiry { vpd: None, alloc } if !known => {
-            // Peripheral qualifier 3: no unit here.
+        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
+        Command::Inquiry { vpd: None, alloc } => {
             let mut d = unit.inquiry(None, alloc).unwrap_or_default();
             if let Some(b) = d.first_mut() {
                 *b = 0x7f;
             }
-            return Outcome::Good(d);
+            Outcome::Good(d)
         }
-        _ if !known => return Outcome::Check(Sense::LUN_NOT_SUPPORTED),
-        _ => {}
+        _ => Outcome::Check(Sense::LUN_NOT_SUPPORTED),
     }
+}
+
+/// Carries out `cmd` on LUN 0; `data` is a WRITE's data, gathered;
+/// `groups` the target port groups as they stand.
+pub async fn execute(
+    export: &Export,
+    unit: &Unit,
+    cmd: Command,
+    data: Option<Vec<u8>>,
+    groups: impl FnOnce() -> Vec<PortGroup>,
+) -> Outcome {
     let Some(b) = backend(export) else {
         return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
     };
@@ -276,7 +277,7 @@ pub async fn execute(
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }
-        Command::ReportLuns { .. } => unreachable!("answered above"),
+        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
         Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
     }
 }

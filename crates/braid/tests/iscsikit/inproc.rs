@@ -1,0 +1,89 @@
+//! `braid serve --iscsi`'s server run inside the test process, so that a
+//! test can reach its controls: the hold hook that keeps an initiator's
+//! commands from the backend, and the ALUA states.
+
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use braid_target::backend::FileBackend;
+use braid_target::iscsi::{IscsiConfig, IscsiHandle, IscsiServer};
+use braid_target::portal::Portal;
+use braid_target::{Export, Exports};
+use tokio::sync::watch;
+
+/// A server with one export, `vol` (16 MiB of memory), on the loopback
+/// addresses given; stopped when dropped.
+pub struct InProcess {
+    pub handle: IscsiHandle,
+    pub portals: Vec<SocketAddr>,
+    pub export: Arc<Export>,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcess {
+    pub fn start(addrs: &[&str]) -> InProcess {
+        let export = Arc::new(Export::local(
+            "vol",
+            "memory",
+            Arc::new(FileBackend::memory(16 << 20).expect("a memory volume")),
+            false,
+            uuid::Uuid::new_v4(),
+        ));
+        let portals: Vec<Portal> = addrs
+            .iter()
+            .map(|a| Portal {
+                addr: format!("{a}:0").parse().expect("an address"),
+                device: None,
+            })
+            .collect();
+        let (tx, rx) = mpsc::channel();
+        let (stop, stopped) = watch::channel(false);
+        let exports = Exports::new(vec![export.clone()]);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                let server = IscsiServer::bind(&portals, &exports, &IscsiConfig::default())
+                    .await
+                    .expect("bind the iSCSI portals");
+                tx.send((server.handle(), server.local_addrs()))
+                    .expect("the test waits");
+                server.run(stopped).await;
+            });
+        });
+        let (handle, portals) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server started");
+        InProcess {
+            handle,
+            portals,
+            export,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Bytes of the volume, read from its backend directly.
+    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        let braid_target::Storage::Local(b) = &self.export.storage else {
+            unreachable!("a local export")
+        };
+        let mut buf = vec![0; len];
+        b.read_at(&mut buf, offset).expect("read the backend");
+        buf
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

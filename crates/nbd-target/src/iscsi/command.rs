@@ -1,0 +1,510 @@
+//! SCSI commands on one connection. The reader hands each command here
+//! in CmdSN order; what must follow that order (unit attentions, the
+//! port's access state, taking WRITE data) happens at once, and the rest
+//! runs as its own task, so commands of one connection reach the backend
+//! together and finish in any order (SIMPLE tasks, unrestricted
+//! reordering: the control mode page says QAM 1).
+//!
+//! Memory is bounded per connection: WRITEs waiting for their data may
+//! hold [`MAX_PENDING_WRITE_BYTES`] (past it a WRITE is answered TASK SET
+//! FULL), and READ data waiting to be sent [`MAX_READ_BYTES`] (past it
+//! READs wait their turn).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use braid_iscsi::negotiate::Params;
+use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
+use braid_iscsi::scsi::respond::{self, Unit};
+use braid_iscsi::scsi::sense::status;
+use braid_iscsi::scsi::{Command, Delivery, Key, Sense};
+use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
+use bytes::Bytes;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tracing::warn;
+
+use super::lu::Nexus;
+use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
+use super::task::{abort_all, Task};
+use super::unit::{self, Outcome};
+use super::{Served, Shared};
+use crate::hold::Hold;
+
+/// Bytes of WRITE data one connection may have waiting for their
+/// Data-Out. Each waiting WRITE holds its whole buffer, so without a bound
+/// an initiator that sends commands and never their data could pin the
+/// queue depth times 8 MiB; past it a WRITE is answered TASK SET FULL and
+/// the initiator retries it later.
+pub(crate) const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
+
+/// Bytes of READ data one connection may hold between the backend and
+/// the socket.
+pub(crate) const MAX_READ_BYTES: usize = 64 << 20;
+
+/// The logical unit as one session reaches it.
+#[derive(Debug)]
+pub(crate) struct Lun {
+    pub served: Arc<Served>,
+    pub unit: Unit,
+    pub nexus: Nexus,
+    pub shared: Arc<Shared>,
+    /// The portal group (target port) of the session.
+    pub tag: u16,
+    /// Test hook: commands of this session wait here before the backend.
+    pub hold: Arc<Hold>,
+}
+
+/// A place in the command window, given back when the task ends.
+#[derive(Debug)]
+pub(crate) struct Slot(Option<SharedWindow>);
+
+impl Slot {
+    /// The place a non-immediate command took.
+    pub fn taken(window: &SharedWindow) -> Self {
+        Self(Some(window.clone()))
+    }
+
+    /// Immediate commands take none.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(w) = &self.0 {
+            lock(w).finish();
+        }
+    }
+}
+
+/// A WRITE waiting for its data.
+struct PendingWrite {
+    task: Task,
+    slot: Slot,
+    cmd: Command,
+    /// Bytes the CDB names, and bytes the initiator said it would send:
+    /// when they differ, only the smaller moves and the response says by
+    /// how much (overflow or underflow).
+    cdb_bytes: u32,
+    expected: u32,
+    transfer: WriteTransfer,
+    buf: Vec<u8>,
+    /// The LUN field as the command carried it, for R2Ts.
+    lun_field: u64,
+}
+
+/// The command path of one connection.
+pub(crate) struct Commands {
+    pub lun: Arc<Lun>,
+    pub outbox: Outbox,
+    pub params: Params,
+    /// Woken when a task of this connection is aborted from anywhere.
+    pub owner: Arc<Notify>,
+    reads: Arc<Semaphore>,
+    pending: HashMap<u32, PendingWrite>,
+    pending_bytes: usize,
+    running: JoinSet<()>,
+}
+
+impl Commands {
+    pub fn new(lun: Arc<Lun>, outbox: Outbox, params: Params) -> Self {
+        Self {
+            lun,
+            outbox,
+            params,
+            owner: Arc::new(Notify::new()),
+            reads: Arc::new(Semaphore::new(MAX_READ_BYTES)),
+            pending: HashMap::new(),
+            pending_bytes: 0,
+            running: JoinSet::new(),
+        }
+    }
+
+    /// Runs `f` as a task of this connection.
+    pub fn spawn(&mut self, f: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.running.spawn(f);
+        while self.running.try_join_next().is_some() {}
+    }
+
+    fn check(&self, itt: u32, sense: Sense) {
+        self.outbox.send(Batch {
+            pdus: vec![check(itt, sense)],
+            permit: None,
+        });
+    }
+
+    /// A SCSI Command PDU, taken in CmdSN order with `slot`.
+    pub fn command(&mut self, pdu: &Pdu, slot: Slot) {
+        let b = pdu.bhs;
+        let itt = b.itt();
+        let expected = b.u32_at(20);
+        let lun = b.lun() >> 48;
+        let cmd = match Command::parse(&b.0[32..48]) {
+            Ok(cmd) => cmd,
+            Err(sense) => return self.check(itt, sense),
+        };
+        if lun != 0 {
+            // Only REPORT LUNS and INQUIRY answer here, without the backend.
+            let outcome = unit::answer_other_lun(&self.lun.unit, cmd);
+            return self
+                .outbox
+                .send(outcome_batch(itt, outcome, expected, &self.params, None));
+        }
+        // A unit attention pending for this nexus comes first (SAM-5
+        // 5.14), then what the port's access state allows.
+        match self.lun.nexus.deliver(&cmd) {
+            Delivery::Run => {}
+            Delivery::Report(sense) => return self.check(itt, sense),
+            Delivery::AsSenseData(sense) => {
+                let alloc = match cmd {
+                    Command::RequestSense { alloc } => alloc,
+                    _ => 0,
+                };
+                let data = respond::request_sense(Some(sense), alloc);
+                let batch = outcome_batch(itt, Outcome::Good(data), expected, &self.params, None);
+                return self.outbox.send(batch);
+            }
+        }
+        let state = self.lun.shared.ports.get(self.lun.tag).state();
+        if let Err(sense) = state.check(&cmd) {
+            return self.check(itt, sense);
+        }
+        let set = &self.lun.served.lu.tasks;
+        let Ok(task) = set.enter(self.lun.nexus.id, itt, &self.owner) else {
+            warn!(itt, "a task tag already in use");
+            return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00));
+        };
+        if cmd.data_out_len(unit::BLOCK).is_some() {
+            return self.write(pdu, cmd, task, slot);
+        }
+        let lun = self.lun.clone();
+        let (outbox, params, reads) = (self.outbox.clone(), self.params, self.reads.clone());
+        self.spawn(async move {
+            let _slot = slot;
+            // Room for the data first: the largest READ moves 8 MiB.
+            let want = match cmd {
+                Command::Read { blocks, .. } => blocks.saturating_mul(unit::BLOCK),
+                _ => 64 << 10,
+            }
+            .min(unit::MAX_TRANSFER);
+            let permit = tokio::select! {
+                p = reads.acquire_many_owned(want) => p.ok(),
+                () = task.ctl.until_aborted() => return,
+            };
+            let Some(outcome) = run(&lun, &task, cmd, None).await else {
+                return;
+            };
+            outbox.send(outcome_batch(itt, outcome, expected, &params, permit));
+        });
+    }
+
+    /// A command that takes data: checked, then gathered here until it
+    /// is whole.
+    fn write(&mut self, pdu: &Pdu, cmd: Command, task: Task, slot: Slot) {
+        let b = pdu.bhs;
+        let itt = b.itt();
+        let expected = b.u32_at(20);
+        let wanted = cmd.data_out_len(unit::BLOCK).unwrap_or(0);
+        // Checked before any data is taken: a WRITE's range and size, a
+        // parameter list's size.
+        let checked = match cmd {
+            Command::Write { lba, blocks, .. } => unit::transfer_len(&self.lun.unit, lba, blocks),
+            _ if wanted > 65_536 => Err(Sense::PARAMETER_LIST_LENGTH),
+            _ => Ok(wanted as u32),
+        };
+        // What moves is the smaller of what the CDB names and what the
+        // initiator expects to send.
+        let moved = checked.and_then(|cdb_bytes| {
+            let total = cdb_bytes.min(expected);
+            match cmd {
+                // A partial last block is taken from the wire but not
+                // written; the residual tells the initiator.
+                Command::Write { lba, fua, .. } => Ok((
+                    Command::Write {
+                        lba,
+                        blocks: total / unit::BLOCK,
+                        fua,
+                    },
+                    cdb_bytes,
+                    total,
+                )),
+                _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
+                _ => Err(Sense::PARAMETER_LIST_LENGTH),
+            }
+        });
+        let (cmd, cdb_bytes, total) = match moved {
+            Ok(m) => m,
+            Err(sense) => return self.check(itt, sense),
+        };
+        if self.pending_bytes + total as usize > MAX_PENDING_WRITE_BYTES {
+            let r = response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
+            return self.outbox.send(Batch {
+                pdus: vec![r],
+                permit: None,
+            });
+        }
+        // Immediate data past what moves is not used (the initiator sent
+        // up to its expected length).
+        let immediate = pdu.data.len().min(total as usize);
+        let p = &self.params;
+        let transfer = match WriteTransfer::new(
+            total,
+            immediate as u32,
+            p.initial_r2t,
+            p.first_burst,
+            p.max_burst,
+            p.max_outstanding_r2t,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                warn!("WRITE refused: {e}");
+                return self.check(itt, Sense::new(Key::AbortedCommand, 0x0c, 0x0d));
+            }
+        };
+        let mut buf = vec![0u8; total as usize];
+        buf[..immediate].copy_from_slice(&pdu.data[..immediate]);
+        let mut w = PendingWrite {
+            task,
+            slot,
+            cmd,
+            cdb_bytes,
+            expected,
+            transfer,
+            buf,
+            lun_field: b.lun(),
+        };
+        if w.transfer.complete() {
+            return self.finish_write(itt, w);
+        }
+        self.send_r2ts(itt, &mut w);
+        self.pending_bytes += w.buf.len();
+        self.pending.insert(itt, w);
+    }
+
+    fn send_r2ts(&self, itt: u32, w: &mut PendingWrite) {
+        let pdus: Vec<Out> = w
+            .transfer
+            .r2ts()
+            .into_iter()
+            .map(|r| Out::new(r.bhs(itt, w.lun_field, ZERO), Bytes::new(), Sn::Shows))
+            .collect();
+        if !pdus.is_empty() {
+            self.outbox.send(Batch { pdus, permit: None });
+        }
+    }
+
+    /// Whether `itt` names a WRITE waiting for data.
+    pub fn awaits_data(&self, itt: u32) -> bool {
+        self.pending.contains_key(&itt)
+    }
+
+    /// A Data-Out PDU for a waiting WRITE.
+    pub fn data_out(&mut self, pdu: &Pdu) {
+        let itt = pdu.bhs.itt();
+        let Some(w) = self.pending.get_mut(&itt) else {
+            return;
+        };
+        let at = match w.transfer.data_out(&pdu.bhs, pdu.data.len() as u32) {
+            Ok(at) => at as usize,
+            Err(e) => {
+                // The task cannot complete as sent: it ends with DATA
+                // PHASE ERROR, and the connection carries on.
+                warn!("WRITE data out of turn: {e}");
+                let w = self.take(itt);
+                if !w.task.ctl.aborted() {
+                    self.check(itt, Sense::new(Key::AbortedCommand, 0x4b, 0x00));
+                }
+                return;
+            }
+        };
+        w.buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+        if w.task.ctl.aborted() {
+            // Data that was asked for is taken and dropped, until none is
+            // owed any more.
+            if !w.transfer.awaiting_solicited() {
+                self.take(itt);
+            }
+        } else if w.transfer.complete() {
+            let w = self.take(itt);
+            self.finish_write(itt, w);
+        } else {
+            let mut w = self.take(itt);
+            self.send_r2ts(itt, &mut w);
+            self.pending_bytes += w.buf.len();
+            self.pending.insert(itt, w);
+        }
+    }
+
+    fn take(&mut self, itt: u32) -> PendingWrite {
+        let w = self.pending.remove(&itt).expect("present");
+        self.pending_bytes -= w.buf.len();
+        w
+    }
+
+    /// Forgets aborted WRITEs that owe no more data.
+    pub fn sweep(&mut self) {
+        let done: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, w)| w.task.ctl.aborted() && !w.transfer.awaiting_solicited())
+            .map(|(itt, _)| *itt)
+            .collect();
+        for itt in done {
+            self.take(itt);
+        }
+    }
+
+    fn finish_write(&mut self, itt: u32, w: PendingWrite) {
+        let lun = self.lun.clone();
+        let outbox = self.outbox.clone();
+        self.spawn(async move {
+            let PendingWrite {
+                task,
+                slot: _slot,
+                cmd,
+                cdb_bytes,
+                expected,
+                mut buf,
+                ..
+            } = w;
+            if let Command::Write { blocks, .. } = cmd {
+                buf.truncate((blocks * unit::BLOCK) as usize);
+            }
+            let Some(outcome) = run(&lun, &task, cmd, Some(buf)).await else {
+                return;
+            };
+            let pdus = match outcome {
+                Outcome::Good(_) => vec![response(
+                    itt,
+                    status::GOOD,
+                    Bytes::new(),
+                    cdb_bytes,
+                    expected,
+                )],
+                Outcome::Check(sense) => vec![check(itt, sense)],
+            };
+            outbox.send(Batch { pdus, permit: None });
+        });
+    }
+
+    /// Ends every task of this connection: those waiting never run, those
+    /// running finish; returns once all are gone.
+    pub async fn shutdown(&mut self) {
+        let nexus = self.lun.nexus.id;
+        let mine = self.lun.served.lu.tasks.select(|n, _| n == nexus);
+        self.pending.clear();
+        self.pending_bytes = 0;
+        abort_all(&mine).await;
+        while self.running.join_next().await.is_some() {}
+    }
+
+    /// Waits for every running task to end on its own (a logout).
+    pub async fn drain(&mut self) {
+        self.pending.clear();
+        self.pending_bytes = 0;
+        while self.running.join_next().await.is_some() {}
+    }
+}
+
+/// Placeholder numbers: the writer fills them in.
+const ZERO: Numbers = Numbers {
+    stat_sn: 0,
+    exp_cmd_sn: 0,
+    max_cmd_sn: 0,
+};
+
+/// Runs `cmd` as `task`: waits while the session is held (a test hook),
+/// then carries it out unless aborted first. `None` when aborted: nothing
+/// is sent for an aborted task.
+async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Option<Outcome> {
+    let ctl = &task.ctl;
+    tokio::select! {
+        () = lun.hold.wait(|| ctl.aborted()) => {}
+        () = ctl.until_aborted() => {}
+    }
+    if !ctl.start() {
+        return None;
+    }
+    let groups = || lun.shared.ports.groups();
+    let outcome = unit::execute(&lun.served.export, &lun.unit, cmd, data, groups).await;
+    (!ctl.aborted()).then_some(outcome)
+}
+
+/// A SCSI Response; `have` and `expected` bytes give the residual
+/// (overflow when the command had more data than the initiator expected,
+/// underflow when less).
+pub(crate) fn response(itt: u32, st: u8, sense: Bytes, have: u32, expected: u32) -> Out {
+    let mut b = Bhs::new(Opcode::ScsiResponse);
+    b.set_final(true);
+    b.set_itt(itt);
+    b.0[3] = st;
+    if have > expected {
+        b.0[1] |= 0x04;
+        b.set_u32(44, have - expected);
+    } else if have < expected {
+        b.0[1] |= 0x02;
+        b.set_u32(44, expected - have);
+    }
+    Out::new(b, sense, Sn::Takes)
+}
+
+/// CHECK CONDITION with `sense`.
+pub(crate) fn check(itt: u32, sense: Sense) -> Out {
+    let segment = Bytes::from(sense.iscsi_segment());
+    response(itt, status::CHECK_CONDITION, segment, 0, 0)
+}
+
+/// The answer to a command that sends data (or none): GOOD with the data
+/// in Data-In PDUs, the last carrying the status, or a SCSI Response
+/// when nothing is sent; or CHECK CONDITION.
+fn outcome_batch(
+    itt: u32,
+    outcome: Outcome,
+    expected: u32,
+    params: &Params,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Batch {
+    let data = match outcome {
+        Outcome::Check(sense) => {
+            return Batch {
+                pdus: vec![check(itt, sense)],
+                permit: None,
+            }
+        }
+        Outcome::Good(data) => data,
+    };
+    let have = data.len() as u32;
+    if data.is_empty() || expected == 0 {
+        return Batch {
+            pdus: vec![response(itt, status::GOOD, Bytes::new(), have, expected)],
+            permit: None,
+        };
+    }
+    let data = Bytes::from(data);
+    let (peer_max, burst) = (params.peer_max_recv_data, params.max_burst);
+    let pdus = transfer::data_in(itt, have, expected, peer_max, burst, ZERO)
+        .into_iter()
+        .map(|d| {
+            let slice = data.slice(d.offset as usize..(d.offset + d.len) as usize);
+            let sn = if d.bhs.0[1] & 0x01 != 0 {
+                Sn::Takes
+            } else {
+                Sn::Reserved
+            };
+            Out::new(d.bhs, slice, sn)
+        })
+        .collect();
+    Batch { pdus, permit }
+}
+
+/// A Reject carrying the offending header (reason 0x04: protocol error,
+/// 0x09: invalid PDU field).
+pub(crate) fn reject(pdu: &Pdu, reason: u8) -> Out {
+    let mut r = Bhs::new(Opcode::Reject);
+    r.set_final(true);
+    r.set_itt(NO_TAG);
+    r.0[2] = reason;
+    Out::new(r, Bytes::copy_from_slice(&pdu.bhs.0), Sn::Takes)
+}
