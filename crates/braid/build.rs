@@ -28,6 +28,8 @@ fn main() {
         "tc",
         "iscsi-ls",
         "iscsi-test-cu",
+        "ceph-mon",
+        "rbd",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());

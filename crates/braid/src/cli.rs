@@ -496,6 +496,9 @@ Examples:
       creates the (sparse) file if it does not exist
   braid serve demo=mem:1GiB
       a memory volume for trying things out
+  braid serve --listen all --ceph-conf /etc/ceph/ceph.conf vol=rbd:rbd/vol
+      a gateway of a Ceph RBD image; start one on each gateway host, all
+      active: clients find every gateway from any one
 
 Clients: nbdinfo --list nbd://HOST, nbdcopy, qemu-img, nbd-client, or
 braid attach/copy/bench for all paths at once.";
@@ -607,8 +610,32 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<f64>,
 
-    /// Exports: NAME=SOURCE, where SOURCE is a file, a block device or
-    /// mem:SIZE (e.g. vol=/srv/disk.img, demo=mem:1GiB)
+    /// Ceph configuration for rbd: exports [default: Ceph's usual places:
+    /// $CEPH_CONF, /etc/ceph/ceph.conf, ~/.ceph/config]
+    #[arg(long, value_name = "FILE")]
+    pub ceph_conf: Option<PathBuf>,
+
+    /// Ceph user for rbd: exports, without `client.` (its keyring from the
+    /// configuration's `keyring` or Ceph's usual places) [default: admin]
+    #[arg(long, value_name = "NAME")]
+    pub ceph_id: Option<String>,
+
+    /// Keep librbd's write cache: writes are acknowledged from this
+    /// gateway's memory and reach the cluster at FLUSH, so a crash loses
+    /// them (clients replay what they did not flush) and no other gateway
+    /// sees them: the gateway then serves its images alone. Off by
+    /// default: an acknowledged write is in the cluster
+    #[arg(long)]
+    pub rbd_cache: bool,
+
+    /// Seconds a gateway's record in an RBD image lives without renewal;
+    /// a gateway silent this long is fenced by the others [default: 15]
+    #[arg(long, value_name = "SECONDS")]
+    pub gateway_lease: Option<f64>,
+
+    /// Exports: NAME=SOURCE, where SOURCE is a file, a block device,
+    /// mem:SIZE or rbd:POOL/IMAGE[@SNAPSHOT] (e.g. vol=/srv/disk.img,
+    /// demo=mem:1GiB, vol=rbd:rbd/vol)
     #[arg(required_unless_present = "config", value_name = "NAME=SOURCE")]
     pub exports: Vec<ExportSpec>,
 }

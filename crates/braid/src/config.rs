@@ -36,6 +36,15 @@ pub struct ServeFile {
     pub max_inflight_total: Option<String>,
     pub handshake_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
+    /// Ceph configuration for rbd: exports (`--ceph-conf`).
+    pub ceph_conf: Option<PathBuf>,
+    /// Ceph user for rbd: exports (`--ceph-id`).
+    pub ceph_id: Option<String>,
+    /// Keep librbd's write cache (`--rbd-cache`).
+    #[serde(default)]
+    pub rbd_cache: bool,
+    /// Seconds a gateway's record lives (`--gateway-lease`).
+    pub gateway_lease: Option<f64>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ServeExport>,
 }
@@ -45,7 +54,7 @@ pub struct ServeFile {
 #[serde(deny_unknown_fields)]
 pub struct ServeExport {
     pub name: String,
-    /// A file, a block device or `mem:SIZE`.
+    /// A file, a block device, `mem:SIZE` or `rbd:POOL/IMAGE[@SNAP]`.
     pub source: String,
     /// Create a missing file of this size (sparse).
     pub create: Option<String>,

@@ -18,6 +18,7 @@ mod copy;
 mod ctl;
 mod demo;
 mod doctor;
+mod gateway;
 mod iscsi;
 mod logging;
 mod manual;

@@ -43,6 +43,7 @@ struct ServeConfig {
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
     allow: HashMap<String, Vec<Network>>,
     limits: Limits,
+    ceph: crate::gateway::CephSettings,
 }
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
@@ -236,6 +237,31 @@ impl ServeConfig {
                  would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
             ));
         }
+        if iscsi.is_some()
+            && args
+                .exports
+                .iter()
+                .any(|e| matches!(e.source, Source::Rbd(_)))
+        {
+            return Err(usage(
+                "--iscsi with an rbd: export: braid's iSCSI portals take no part in fencing \
+                 across gateways yet, so a stalled gateway's iSCSI writes could land late; serve \
+                 RBD images over NBD (leave out --iscsi), or serve them from another braid serve",
+            ));
+        }
+        let lease = secs(
+            args.gateway_lease.or(file.gateway_lease).unwrap_or(15.0),
+            "--gateway-lease",
+        )?;
+        if lease < Duration::from_secs(1) {
+            return Err(usage("--gateway-lease must be at least 1 second"));
+        }
+        let ceph = crate::gateway::CephSettings {
+            conf: args.ceph_conf.or(file.ceph_conf),
+            id: args.ceph_id.or(file.ceph_id),
+            cache: args.rbd_cache || file.rbd_cache,
+            lease,
+        };
         let iscsi_chap = args
             .iscsi_chap
             .or(file.iscsi_chap)
@@ -266,6 +292,7 @@ impl ServeConfig {
             tls,
             allow,
             limits,
+            ceph,
         })
     }
 }
@@ -280,7 +307,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     let portals = resolved.portals;
-    let exports = open_exports(&cfg)?;
+    let mut gateway = crate::gateway::Gateway::new(cfg.ceph.clone());
+    let exports = open_exports(&cfg, &mut gateway)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -299,6 +327,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             );
         }
+        // In every RBD image's gateway registry before a client can come.
+        gateway.start(&target).await?;
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
@@ -366,7 +396,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ));
         tokio::spawn(signals.stop_on_signal(target.stop_handle()));
         let exports = target.exports();
-        target.run().await.context("flushing exports at exit")?;
+        let ran = target.run().await.context("flushing exports at exit");
+        // Every connection drained: this gateway's records may go.
+        gateway.stop().await;
+        ran?;
         if let Some((task, _)) = iscsi {
             // iSCSI writes that were still running when NBD's final flush
             // ran: flushed once more now that every connection is gone.
@@ -382,11 +415,27 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })
 }
 
-fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
+fn open_exports(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> Result<Exports> {
     let mut store: Option<IdentityStore> = None;
     let mut list = Vec::new();
     for spec in &cfg.exports {
         let read_only = cfg.read_only || cfg.read_only_exports.contains(&spec.name);
+        if let Source::Rbd(rbd) = &spec.source {
+            let explicit = cfg.volume_ids.get(&spec.name).copied();
+            let o = gateway.open(&spec.name, rbd, read_only, explicit)?;
+            let read_only = read_only || rbd.snap.is_some();
+            let mut export = Export::local(
+                spec.name.clone(),
+                o.description,
+                o.backend,
+                read_only,
+                o.volume,
+            );
+            export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
+            export.peers = o.peers;
+            list.push(Arc::new(export));
+            continue;
+        }
         let (backend, description): (Arc<dyn Backend>, String) = match &spec.source {
             Source::Mem(size) => (
                 Arc::new(FileBackend::memory(*size).context("cannot make a memory volume")?),
@@ -398,6 +447,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
                     .with_context(|| format!("export {:?}", spec.name))?;
                 (Arc::new(b), path.display().to_string())
             }
+            Source::Rbd(_) => unreachable!("opened above"),
         };
         let volume = match (&spec.source, cfg.volume_ids.get(&spec.name)) {
             (Source::Mem(_), Some(id)) => *id,
@@ -405,6 +455,7 @@ fn open_exports(cfg: &ServeConfig) -> Result<Exports> {
             (Source::File(path), explicit) => {
                 identity(&mut store, &cfg.state_dir, path, explicit.copied())?
             }
+            (Source::Rbd(_), _) => unreachable!("opened above"),
         };
         let mut export = Export::local(spec.name.clone(), description, backend, read_only, volume);
         export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();

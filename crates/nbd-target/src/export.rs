@@ -35,6 +35,29 @@ pub struct Export {
     pub volume: Uuid,
     /// Client networks allowed to use the export; empty allows all.
     pub allow: Vec<Network>,
+    /// Other servers of the same export (the gateways of one Ceph image),
+    /// when there can be any.
+    pub peers: Option<Arc<dyn Peers>>,
+}
+
+/// A fence of another server's connections, under way.
+pub type PeerFence =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+/// Other servers of one export, which clients use at the same time as this
+/// one: what they are told about them, and fencing their connections.
+pub trait Peers: Send + Sync + std::fmt::Debug {
+    /// Portals of the other live servers, for `x-braid:portal`.
+    fn portals(&self) -> Vec<String>;
+    /// What to report as `x-braid:instance` for this export instead of the
+    /// process's own: `None` keeps the process's.
+    fn instance(&self) -> Option<braid_proto::braid_ns::InstanceId>;
+    /// Fences connections this server did not issue; answers only when no
+    /// request they received can still reach the storage.
+    fn fence(&self, ids: Vec<braid_proto::braid_ns::ConnId>) -> PeerFence;
+    /// Whether connection `id` (issued when its transmission begins) may
+    /// be served.
+    fn admits(&self, id: braid_proto::braid_ns::ConnId) -> bool;
 }
 
 impl Export {
@@ -61,6 +84,7 @@ impl Export {
             read_only,
             volume,
             allow: Vec::new(),
+            peers: None,
         }
     }
 
@@ -138,6 +162,8 @@ impl Export {
             preferred_block,
             max_payload,
             volume: Some(self.volume.to_string()),
+            peer_portals: self.peers.as_ref().map(|p| p.portals()).unwrap_or_default(),
+            instance: self.peers.as_ref().and_then(|p| p.instance()),
         }
     }
 }

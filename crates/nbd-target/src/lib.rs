@@ -12,6 +12,8 @@ pub mod backend;
 mod conn;
 pub mod export;
 pub mod forward;
+#[cfg(feature = "rbd")]
+pub mod gateway;
 mod hold;
 pub mod identity;
 pub mod iscsi;
@@ -22,6 +24,6 @@ pub mod source;
 pub mod stats;
 
 pub use conn::{ConnError, Limits};
-pub use export::{Export, Exports, Storage};
+pub use export::{Export, Exports, PeerFence, Peers, Storage};
 pub use forward::{Forward, ForwardFuture, Forwarded};
 pub use server::{StopHandle, Target};

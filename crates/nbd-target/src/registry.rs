@@ -7,9 +7,13 @@
 //! its retry. A connection leaves the registry only when nothing of it is in
 //! flight any more, so an id that is not here has nothing left to drain.
 //!
-//! A fence is scoped (see `braid_proto::braid_ns`): ids are 128 random
-//! bits, and a fence may close only connections of the export it was asked
-//! for that were opened with the asker's session token.
+//! A fence is scoped (see `braid_proto::braid_ns`): a fence may close only
+//! connections of the export it was asked for that were opened with the
+//! asker's session token. An id is this server's tag (64 bits, random per
+//! server, new when a Ceph gateway reconnects to its cluster as a new
+//! client) and 64 random bits: unguessable, and it names the server that
+//! issued it, so that a gateway asked to fence another gateway's
+//! connections knows whose they are (`gateway::fence`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -106,6 +110,18 @@ impl Conn {
         }
     }
 
+    /// Marks the connection fenced and stops its reader and writer:
+    /// requests not yet started are dropped, nothing more is answered.
+    pub fn cut(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        // Held requests have not started: they are dropped now.
+        self.hold.wake();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+    }
+
     /// Waits until no request is in flight.
     pub async fn drain(&self) {
         loop {
@@ -119,11 +135,19 @@ impl Conn {
 }
 
 /// All live connections of one server.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     conns: Mutex<HashMap<ConnId, Arc<Conn>>>,
     /// Figures of connections that have left, for counters that only grow.
     pub stats: crate::stats::TargetStats,
+    /// The high 64 bits of every new connection id.
+    tag: AtomicU64,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Registry {
@@ -131,7 +155,23 @@ impl Registry {
         Self {
             conns: Mutex::new(HashMap::new()),
             stats: Default::default(),
+            tag: AtomicU64::new(uuid::Uuid::new_v4().as_u128() as u64),
         }
+    }
+
+    /// The tag new connection ids carry.
+    pub fn tag(&self) -> u64 {
+        self.tag.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted from now on carry `tag`.
+    pub fn set_tag(&self, tag: u64) {
+        self.tag.store(tag, Ordering::SeqCst);
+    }
+
+    /// The tag of the server that issued `id`.
+    pub fn tag_of(id: ConnId) -> u64 {
+        (id.0 >> 64) as u64
     }
 
     /// Adds a connection and returns it; remove it with [`Self::remove`].
@@ -141,11 +181,16 @@ impl Registry {
         peer_ip: Option<std::net::IpAddr>,
         portal: String,
     ) -> Arc<Conn> {
-        // 128 bits from the OS's random source: an id cannot be guessed,
-        // and a collision is never seen in practice (checked anyway).
-        let mut id = ConnId(uuid::Uuid::new_v4().as_u128());
+        // 64 bits from the OS's random source under the tag: an id cannot
+        // be guessed, and a collision is never seen in practice (checked
+        // anyway).
+        let fresh = || {
+            let random = u128::from(uuid::Uuid::new_v4().as_u128() as u64);
+            ConnId((u128::from(self.tag()) << 64) | random)
+        };
+        let mut id = fresh();
         while self.lock().contains_key(&id) {
-            id = ConnId(uuid::Uuid::new_v4().as_u128());
+            id = fresh();
         }
         let conn = Arc::new(Conn {
             id,
@@ -187,7 +232,8 @@ impl Registry {
     /// Fences `ids` for a client asking over a connection to `export` with
     /// `session`: refuses, fencing nothing, unless every connection named
     /// that is still here belongs to `export` and was opened with the same
-    /// session token (ids that are gone have nothing left to fence).
+    /// session token. Returns the ids that are not here: gone (with nothing
+    /// left to drain) if this server issued them, another server's if not.
     ///
     /// # Errors
     ///
@@ -197,7 +243,7 @@ impl Registry {
         ids: &[ConnId],
         export: &str,
         session: Option<SessionToken>,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<ConnId>, String> {
         let Some(session) = session else {
             return Err(
                 "a fence needs the session token of the connections it names (x-braid:session)"
@@ -219,7 +265,12 @@ impl Registry {
             }
         }
         self.fence(ids).await;
-        Ok(())
+        let conns = self.lock();
+        Ok(ids
+            .iter()
+            .filter(|id| !conns.contains_key(id))
+            .copied()
+            .collect())
     }
 
     /// Closes the connections `ids` and returns once every request they had
@@ -232,17 +283,34 @@ impl Registry {
             ids.iter().filter_map(|id| conns.get(id).cloned()).collect()
         };
         for conn in &targets {
-            conn.fenced.store(true, Ordering::SeqCst);
-            // Held requests have not started: they are dropped now.
-            conn.hold.wake();
-            let tasks = std::mem::take(&mut *conn.tasks.lock().unwrap_or_else(|p| p.into_inner()));
-            for t in tasks {
-                t.abort();
-            }
+            conn.cut();
         }
         for conn in &targets {
             conn.drain().await;
         }
+    }
+
+    /// Closes every connection of `export` at once, answering nothing
+    /// more on them, and returns how many there were; their requests
+    /// drain on their own. For a server that lost the right to write
+    /// (a blocklisted Ceph gateway): the clients fail over and fence.
+    pub fn cut_export(&self, export: &str) -> usize {
+        let targets: Vec<Arc<Conn>> = self
+            .lock()
+            .values()
+            .filter(|c| {
+                c.export
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_deref()
+                    == Some(export)
+            })
+            .cloned()
+            .collect();
+        for conn in &targets {
+            conn.cut();
+        }
+        targets.len()
     }
 
     /// Test hook (`test-hooks` feature): holds every request of
@@ -346,10 +414,23 @@ mod tests {
             assert!(r.is_err(), "{ids:?} {session:?}");
             assert!(!a.fenced() && !b.fenced() && !c.fenced());
         }
-        reg.fence_scoped(&[a.id, ConnId(7)], "vol", Some(mine))
+        let gone = reg
+            .fence_scoped(&[a.id, ConnId(7)], "vol", Some(mine))
             .await
             .unwrap();
+        assert_eq!(gone, vec![ConnId(7)], "the id this server does not know");
         assert!(a.fenced() && !b.fenced() && !c.fenced());
+    }
+
+    #[test]
+    fn ids_carry_the_tag_of_the_server_that_issued_them() {
+        let reg = Registry::new();
+        let a = reg.add("p".into(), None, "q".into());
+        assert_eq!(Registry::tag_of(a.id), reg.tag());
+        reg.set_tag(0xfeed);
+        let b = reg.add("p".into(), None, "q".into());
+        assert_eq!(Registry::tag_of(b.id), 0xfeed);
+        assert_ne!(a.id.0 as u64, b.id.0 as u64);
     }
 
     #[tokio::test]

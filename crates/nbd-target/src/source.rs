@@ -11,6 +11,58 @@ pub enum Source {
     File(PathBuf),
     /// Sparse memory of this many bytes, gone when the server stops.
     Mem(u64),
+    /// An image in a Ceph cluster (`rbd:POOL/IMAGE[@SNAP]`), or one of its
+    /// snapshots (always read-only).
+    Rbd(RbdSpec),
+}
+
+/// `rbd:POOL/IMAGE[@SNAP]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RbdSpec {
+    pub pool: String,
+    pub image: String,
+    pub snap: Option<String>,
+}
+
+impl std::fmt::Display for RbdSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rbd:{}/{}", self.pool, self.image)?;
+        match &self.snap {
+            Some(s) => write!(f, "@{s}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl FromStr for RbdSpec {
+    type Err = String;
+
+    /// Parses what follows `rbd:`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let example = "write rbd:POOL/IMAGE or rbd:POOL/IMAGE@SNAPSHOT, e.g. rbd:rbd/vol";
+        let (pool, rest) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} names no pool: {example}"))?;
+        if rest.contains('/') {
+            return Err(format!(
+                "{s:?}: RADOS namespaces (POOL/NAMESPACE/IMAGE) are not supported; {example}"
+            ));
+        }
+        let (image, snap) = match rest.split_once('@') {
+            Some((i, s)) => (i, Some(s)),
+            None => (rest, None),
+        };
+        if pool.is_empty() || image.is_empty() || snap.is_some_and(str::is_empty) {
+            return Err(format!(
+                "{s:?} has an empty pool, image or snapshot name: {example}"
+            ));
+        }
+        Ok(Self {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            snap: snap.map(str::to_owned),
+        })
+    }
 }
 
 /// One `NAME=SOURCE` argument.
@@ -31,20 +83,28 @@ impl FromStr for ExportSpec {
     fn from_str(s: &str) -> Result<Self, SpecError> {
         let (name, source) = s.split_once('=').ok_or_else(|| {
             SpecError(format!(
-                "export {s:?} has no source: write NAME=SOURCE, e.g. vol=/srv/disk.img or vol=mem:1GiB"
+                "export {s:?} has no source: write NAME=SOURCE, e.g. vol=/srv/disk.img, \
+                 vol=mem:1GiB or vol=rbd:rbd/vol"
             ))
         })?;
         check_export_name(name)?;
         if source.is_empty() {
             return Err(SpecError(format!(
-                "export {name:?} has an empty source: give a file, a block device or mem:SIZE"
+                "export {name:?} has an empty source: give a file, a block device, mem:SIZE or \
+                 rbd:POOL/IMAGE"
             )));
         }
-        let source = match source.strip_prefix("mem:") {
-            Some(size) => Source::Mem(parse_size(size).map_err(|e| {
+        let source = if let Some(size) = source.strip_prefix("mem:") {
+            Source::Mem(parse_size(size).map_err(|e| {
                 SpecError(format!("export {name:?}: bad memory size {size:?}: {e}"))
-            })?),
-            None => Source::File(PathBuf::from(source)),
+            })?)
+        } else if let Some(rbd) = source.strip_prefix("rbd:") {
+            Source::Rbd(
+                rbd.parse()
+                    .map_err(|e| SpecError(format!("export {name:?}: {e}")))?,
+            )
+        } else {
+            Source::File(PathBuf::from(source))
         };
         Ok(Self {
             name: name.to_owned(),
@@ -151,6 +211,7 @@ impl Source {
         match self {
             Self::File(p) => p.display().to_string(),
             Self::Mem(size) => format!("memory ({})", format_size(*size)),
+            Self::Rbd(spec) => spec.to_string(),
         }
     }
 
@@ -158,7 +219,7 @@ impl Source {
     pub fn path(&self) -> Option<&Path> {
         match self {
             Self::File(p) => Some(p),
-            Self::Mem(_) => None,
+            Self::Mem(_) | Self::Rbd(_) => None,
         }
     }
 }
@@ -197,7 +258,34 @@ mod tests {
             "d=/dev/sdb".parse::<ExportSpec>().unwrap().source,
             Source::File("/dev/sdb".into())
         );
-        for bad in ["vol", "=x", "vol=", "vol=mem:lots", "a\tb=/x"] {
+        assert_eq!(
+            "v=rbd:pool/img@snap".parse::<ExportSpec>().unwrap().source,
+            Source::Rbd(RbdSpec {
+                pool: "pool".into(),
+                image: "img".into(),
+                snap: Some("snap".into())
+            })
+        );
+        assert_eq!(
+            "v=rbd:rbd/vol"
+                .parse::<ExportSpec>()
+                .unwrap()
+                .source
+                .describe(),
+            "rbd:rbd/vol"
+        );
+        for bad in [
+            "vol",
+            "=x",
+            "vol=",
+            "vol=mem:lots",
+            "a\tb=/x",
+            "v=rbd:vol",
+            "v=rbd:/vol",
+            "v=rbd:p/",
+            "v=rbd:p/ns/vol",
+            "v=rbd:p/vol@",
+        ] {
             let e = bad.parse::<ExportSpec>().unwrap_err();
             assert!(!e.0.is_empty(), "{bad}");
         }

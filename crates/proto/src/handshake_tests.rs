@@ -28,6 +28,8 @@ fn export(name: &str) -> ExportInfo {
         preferred_block: 4096,
         max_payload: 1 << 25,
         volume: Some(format!("uuid-of-{name}")),
+        peer_portals: Vec::new(),
+        instance: None,
     }
 }
 
@@ -36,6 +38,13 @@ impl Catalog for TwoExports {
         match name {
             "" | "a" => Ok(export("a")),
             "b" => Ok(export("b")),
+            // A gateway of a shared volume: other servers' portals, and the
+            // volume's own instance rather than the server's.
+            "g" => Ok(ExportInfo {
+                peer_portals: vec!["127.0.0.2:10809".into(), "10.0.0.9:10809".into()],
+                instance: Some(braid_ns::InstanceId(7)),
+                ..export("g")
+            }),
             "secret" => Err(Refusal::Policy("not for you".into())),
             other => Err(Refusal::Unknown(format!("no export {other:?}; try a or b"))),
         }
@@ -320,18 +329,22 @@ fn meta_contexts_need_structured_replies() {
     assert_eq!(replies(&s.take_output())[0].1, RepCode::ErrInvalid);
 }
 
+/// The context names listed for `export` and `queries`.
+fn list_contexts(s: &mut ServerHandshake, export: &str, queries: &[&str]) -> Vec<String> {
+    send(s, OptCode::ListMetaContext, &meta(export, queries));
+    context_names(&s.take_output())
+        .into_iter()
+        .map(|c| c.1)
+        .collect()
+}
+
 #[test]
 fn listing_braid_contexts() {
     let mut s = started(3);
     send(&mut s, OptCode::StructuredReply, b"");
     s.take_output();
-    send(&mut s, OptCode::ListMetaContext, &meta("a", &["x-braid:"]));
-    let names: Vec<String> = context_names(&s.take_output())
-        .into_iter()
-        .map(|c| c.1)
-        .collect();
     assert_eq!(
-        names,
+        list_contexts(&mut s, "a", &["x-braid:"]),
         [
             "x-braid:volume=uuid-of-a",
             "x-braid:portal=127.0.0.1:10809",
@@ -339,12 +352,21 @@ fn listing_braid_contexts() {
             "x-braid:conn=00000000000000000000000000000042"
         ]
     );
+    // Another server's portals follow the server's own, each once; the
+    // export's instance replaces the server's.
+    assert_eq!(
+        list_contexts(&mut s, "g", &["x-braid:"]),
+        [
+            "x-braid:volume=uuid-of-g",
+            "x-braid:portal=127.0.0.1:10809",
+            "x-braid:portal=127.0.0.2:10809",
+            "x-braid:portal=10.0.0.9:10809",
+            "x-braid:conn=00000000000000000000000000000042",
+            "x-braid:instance=00000000000000000000000000000007"
+        ]
+    );
     // No query: everything, base:allocation first.
-    send(&mut s, OptCode::ListMetaContext, &meta("b", &[]));
-    let names: Vec<String> = context_names(&s.take_output())
-        .into_iter()
-        .map(|c| c.1)
-        .collect();
+    let names = list_contexts(&mut s, "b", &[]);
     assert_eq!(names[0], "base:allocation");
     assert!(names.contains(&"x-braid:volume=uuid-of-b".to_string()));
     // Unknown namespaces are ignored, ending with a lone ACK.

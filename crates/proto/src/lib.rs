@@ -120,6 +120,8 @@ pub mod fuzzing {
                     preferred_block: 4096,
                     max_payload: 1 << 25,
                     volume: Some("00000000-0000-0000-0000-000000000001".into()),
+                    peer_portals: Vec::new(),
+                    instance: None,
                 }),
                 "secret" => Err(Refusal::Policy("not for you".into())),
                 _ => Err(Refusal::Unknown(format!("no export {name:?}"))),

@@ -161,6 +161,7 @@ async fn serve(
         read_only: false,
         volume: identity,
         allow: Vec::new(),
+        peers: None,
     });
     let tcp: Vec<Portal> = spec
         .tcp

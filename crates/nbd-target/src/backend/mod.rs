@@ -1,5 +1,6 @@
 //! Where an export's bytes live: the [`Backend`] trait and its
-//! implementation for a file, a block device or sparse memory.
+//! implementation for a file, a block device or sparse memory, and (with
+//! the `rbd` feature) a Ceph RBD image.
 //!
 //! Backends are synchronous and assume valid input: offsets and lengths
 //! were checked against the export at the protocol edge
@@ -8,6 +9,8 @@
 mod durable;
 mod file;
 mod lock;
+#[cfg(feature = "rbd")]
+mod rbd;
 
 use std::io;
 
@@ -49,6 +52,11 @@ pub struct Extent {
 /// Every method may be called from several threads at once; a backend
 /// shared by all connections of an export is what makes CAN_MULTI_CONN
 /// true (a flush on any connection covers writes completed on every one).
+///
+/// An error of `ESHUTDOWN` means this server lost the right to use the
+/// storage (a Ceph client that another gateway blocklisted): the request
+/// is not answered, its connection is closed instead, so that the client
+/// fences it and re-sends elsewhere rather than seeing an I/O error.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Size in bytes, fixed while served.
     fn size(&self) -> u64;

@@ -25,6 +25,10 @@ pub(crate) struct Reply {
     pub file: Option<FileData>,
     /// The request succeeded.
     pub ok: bool,
+    /// Nothing is to be answered: the backend lost the right to write
+    /// (a blocklisted Ceph client), so the connection is closed instead and
+    /// the client retries elsewhere after fencing it.
+    pub cut: bool,
 }
 
 /// READ data to send straight from a file (see `Backend::zero_copy_fd`).
@@ -90,6 +94,7 @@ fn zero_copy_read(backend: &Arc<dyn Backend>, style: &ReplyStyle, req: &Request)
             len: req.length as usize,
         }),
         ok: true,
+        cut: false,
     })
 }
 
@@ -152,6 +157,14 @@ pub(crate) fn execute(
     match result {
         Ok(Some(reply)) => reply,
         Ok(None) => ok_reply(style, req.cookie),
+        // See `Backend`: ESHUTDOWN means this server may no longer use the
+        // storage; the client must fence this connection and go elsewhere.
+        Err((Errno::Shutdown, _)) => Reply {
+            parts: Vec::new(),
+            file: None,
+            ok: false,
+            cut: true,
+        },
         Err((errno, message)) => error_reply(style, req.cookie, errno, &message),
     }
 }
@@ -178,6 +191,7 @@ fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Rep
         parts: vec![Bytes::from(head), data.into_bytes()],
         file: None,
         ok: true,
+        cut: false,
     }
 }
 
@@ -193,6 +207,7 @@ pub(crate) fn ok_reply(style: &ReplyStyle, cookie: Cookie) -> Reply {
         parts: vec![Bytes::from(head)],
         file: None,
         ok: true,
+        cut: false,
     }
 }
 
@@ -213,6 +228,7 @@ pub(crate) fn error_reply(
         parts: vec![Bytes::from(head)],
         file: None,
         ok: false,
+        cut: false,
     }
 }
 
@@ -267,6 +283,7 @@ pub(crate) fn block_status_reply(
         parts: vec![Bytes::from(head)],
         file: None,
         ok: true,
+        cut: false,
     }
 }
 

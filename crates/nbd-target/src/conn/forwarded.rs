@@ -90,6 +90,7 @@ fn read(style: &ReplyStyle, req: &Request, data: Vec<(u64, Bytes)>) -> Reply {
         parts,
         file: None,
         ok: true,
+        cut: false,
     }
 }
 

@@ -190,6 +190,14 @@ async fn run(
     };
     *conn.export.lock().unwrap_or_else(|p| p.into_inner()) = Some(export.name.clone());
     *conn.session.lock().unwrap_or_else(|p| p.into_inner()) = session.braid_session;
+    // After the export is recorded: a gateway that switches incarnation
+    // either cuts this connection by its export or is seen here.
+    if let Some(peers) = &export.peers {
+        if !peers.admits(conn.id) {
+            info!("closed: the gateway reconnected to its cluster since this connection began");
+            return Ok(());
+        }
+    }
     tracing::Span::current().record("export", export.name.as_str());
     debug!(structured = session.structured, "transmission");
     transmission(stream, leftover, session, export, conn, ctx).await
@@ -257,7 +265,17 @@ async fn handshake(
             } => {
                 let named: Vec<String> = ids.iter().map(ToString::to_string).collect();
                 info!(?named, %export, "fence requested");
-                match ctx.registry.fence_scoped(&ids, &export, session).await {
+                let fenced = match ctx.registry.fence_scoped(&ids, &export, session).await {
+                    // Ids this server does not know may be another
+                    // server's, for an export served by several (Ceph
+                    // gateways): they fence those.
+                    Ok(unknown) => match ctx.exports.find(&export).and_then(|e| e.peers.clone()) {
+                        Some(peers) if !unknown.is_empty() => peers.fence(unknown).await,
+                        _ => Ok(()),
+                    },
+                    Err(why) => Err(why),
+                };
+                match fenced {
                     Ok(()) => {
                         info!(?named, "fence complete");
                         hs.fence_done(Ok(()));
@@ -578,6 +596,16 @@ impl Reader {
                 };
                 let started = std::time::Instant::now();
                 let reply = execute::execute(backend, &style, &req, payload);
+                if reply.cut {
+                    warn!(
+                        "{} lost its storage (ESHUTDOWN): closing the connection unanswered \
+                         so that the client fails over",
+                        export.name
+                    );
+                    conn.cut();
+                    conn.end();
+                    return;
+                }
                 if req.command == Command::Flush {
                     conn.stats.flush_latency.record(started.elapsed());
                 }

@@ -143,15 +143,19 @@ impl ServerHandshake {
             .volume
             .iter()
             .map(|v| BraidContext::Volume(Some(v.clone())).name());
-        let portals = self
-            .cfg
-            .portals
-            .iter()
+        let mut all_portals: Vec<&String> = self.cfg.portals.iter().collect();
+        for p in &export.peer_portals {
+            if !all_portals.contains(&p) {
+                all_portals.push(p);
+            }
+        }
+        let portals = all_portals
+            .into_iter()
             .map(|p| BraidContext::Portal(Some(p.clone())).name());
         let conn = std::iter::once(BraidContext::Conn(Some(self.cfg.conn_id)).name());
-        let instance = self
-            .cfg
+        let instance = export
             .instance
+            .or(self.cfg.instance)
             .map(|i| BraidContext::Instance(Some(i)).name());
         let names: Vec<String> = match parsed {
             BraidContext::All => volume.chain(portals).chain(conn).chain(instance).collect(),

@@ -40,6 +40,14 @@ pub struct ExportInfo {
     pub max_payload: u32,
     /// The `x-braid:volume` identity, if the export has one.
     pub volume: Option<String>,
+    /// Portals of other servers of this same export, listed as
+    /// `x-braid:portal` after the server's own (the other gateways of one
+    /// Ceph image).
+    pub peer_portals: Vec<String>,
+    /// The `x-braid:instance` to report for this export instead of the
+    /// server's: what must restart for acknowledged, unflushed writes to be
+    /// lost (a Ceph cluster, for a gateway that caches nothing).
+    pub instance: Option<InstanceId>,
 }
 
 /// Why a catalog will not hand out an export.

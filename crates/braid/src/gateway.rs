@@ -1,0 +1,142 @@
+//! `rbd:` exports in `braid serve`: one Ceph connection shared by all of
+//! them, joined to each image's gateways once the portals are bound, and
+//! left after the last connection drained. Without the `rbd` feature an
+//! `rbd:` export is refused with the command that builds braid with it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use braid_target::backend::Backend;
+use braid_target::source::RbdSpec;
+use braid_target::{Peers, Target};
+use uuid::Uuid;
+
+/// `--ceph-conf`, `--ceph-id`, `--rbd-cache`, `--gateway-lease`.
+#[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "rbd"), allow(dead_code))]
+pub struct CephSettings {
+    pub conf: Option<PathBuf>,
+    pub id: Option<String>,
+    pub cache: bool,
+    pub lease: Duration,
+}
+
+/// An `rbd:` export, opened.
+pub struct Opened {
+    pub backend: Arc<dyn Backend>,
+    pub peers: Option<Arc<dyn Peers>>,
+    pub description: String,
+    pub volume: Uuid,
+}
+
+/// The Ceph side of one `braid serve`.
+pub struct Gateway {
+    #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
+    settings: CephSettings,
+    #[cfg(feature = "rbd")]
+    ceph: Option<Arc<braid_target::gateway::Ceph>>,
+}
+
+impl Gateway {
+    pub fn new(settings: CephSettings) -> Self {
+        Self {
+            settings,
+            #[cfg(feature = "rbd")]
+            ceph: None,
+        }
+    }
+
+    /// Opens export `name` of `spec`, connecting to the cluster first if
+    /// no export did yet.
+    ///
+    /// # Errors
+    ///
+    /// Built without the `rbd` feature; the cluster, pool or image cannot
+    /// be used; the image cannot be served as asked.
+    #[cfg(feature = "rbd")]
+    pub fn open(
+        &mut self,
+        name: &str,
+        spec: &RbdSpec,
+        read_only: bool,
+        identity: Option<Uuid>,
+    ) -> Result<Opened> {
+        use braid_target::gateway::{Ceph, GatewayOptions, RbdVolume};
+        let ceph = match &self.ceph {
+            Some(c) => c.clone(),
+            None => {
+                let opts = GatewayOptions {
+                    connect: braid_rbd_options(&self.settings),
+                    lease: self.settings.lease,
+                    cache: self.settings.cache,
+                };
+                let c = Ceph::connect(opts).map_err(|e| anyhow::anyhow!("export {name:?}: {e}"))?;
+                self.ceph = Some(c.clone());
+                c
+            }
+        };
+        let vol = RbdVolume::open(&ceph, name, spec, read_only, identity)
+            .map_err(|e| anyhow::anyhow!("export {name:?}: {e}"))?;
+        Ok(Opened {
+            peers: vol.peers(),
+            description: vol.describe(),
+            volume: vol.identity(),
+            backend: vol,
+        })
+    }
+
+    /// Without the `rbd` feature: refuses, saying how to get it.
+    ///
+    /// # Errors
+    ///
+    /// Always.
+    #[cfg(not(feature = "rbd"))]
+    pub fn open(
+        &mut self,
+        name: &str,
+        spec: &RbdSpec,
+        _read_only: bool,
+        _identity: Option<Uuid>,
+    ) -> Result<Opened> {
+        anyhow::bail!(
+            "export {name:?} ({spec}): this braid was built without Ceph RBD support; build it \
+             with `cargo build --release --features rbd` (needs Debian's librbd-dev, \
+             librados-dev and libclang-dev)"
+        )
+    }
+
+    /// Joins every image's gateways; call after binding, before serving.
+    ///
+    /// # Errors
+    ///
+    /// An image cannot be served beside the gateways already there.
+    pub async fn start(&self, target: &Target) -> Result<()> {
+        #[cfg(feature = "rbd")]
+        if let Some(ceph) = &self.ceph {
+            ceph.start(target.registry(), target.advertised_portals().to_vec())
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
+        let _ = target;
+        Ok(())
+    }
+
+    /// Leaves every image's gateways; call once the target stopped.
+    pub async fn stop(&self) {
+        #[cfg(feature = "rbd")]
+        if let Some(ceph) = &self.ceph {
+            ceph.stop().await;
+        }
+    }
+}
+
+#[cfg(feature = "rbd")]
+fn braid_rbd_options(s: &CephSettings) -> braid_target::gateway::ConnectOptions {
+    braid_target::gateway::ConnectOptions {
+        conf: s.conf.clone(),
+        id: s.id.clone(),
+        settings: Vec::new(),
+    }
+}

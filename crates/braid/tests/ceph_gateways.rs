@@ -1,0 +1,284 @@
+//! Several `braid serve` gateways of one Ceph RBD image, every one active,
+//! on a real throwaway cluster (`cephkit`): one URI finds every gateway's
+//! portals; a copy through one URI uses every gateway and is checked by
+//! sha256 and, independently, by `rbd export`; fio verifies through
+//! `braid attach` over two gateways; a gateway killed under a verified
+//! write load costs no I/O error and no replay, its record goes, and it
+//! rejoins when restarted; a dead gateway's record expires and is removed.
+
+#![cfg(feature = "rbd")]
+
+mod cephkit;
+mod common;
+mod failkit;
+mod labkit;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{cmd, random_file, run, sha256, sha256_bytes, signal, Serve};
+
+const MIB: usize = 1 << 20;
+
+fn ceph() -> Option<&'static cephkit::Cluster> {
+    cephkit::available().then(cephkit::cluster)
+}
+
+/// The `x-braid:` contexts a gateway lists.
+fn contexts(g: &Serve) -> Vec<String> {
+    let out = run(cmd("nbdinfo").args(["--list", &g.uri("vol")]));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("x-braid:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn listed(g: &Serve, kind: &str) -> BTreeSet<String> {
+    let prefix = format!("x-braid:{kind}=");
+    contexts(g)
+        .iter()
+        .filter_map(|c| c.strip_prefix(&prefix).map(str::to_owned))
+        .collect()
+}
+
+/// Waits (bounded) until `f` holds.
+fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
+    let Some(c) = ceph() else { return };
+    if !common::tool("nbdinfo") {
+        return;
+    }
+    let img = c.image("three", "64M", Some("layering"));
+    let gws: Vec<Serve> = (0..3).map(|_| c.gateway(&img, &[])).collect();
+    let all: BTreeSet<String> = gws.iter().map(|g| g.addr().to_string()).collect();
+    for g in &gws {
+        eventually(
+            Duration::from_secs(20),
+            "every gateway lists all three",
+            || listed(g, "portal") == all,
+        );
+    }
+    // One volume to the initiator: the same identity and the same
+    // instance whichever gateway answers.
+    let volumes: BTreeSet<_> = gws.iter().flat_map(|g| listed(g, "volume")).collect();
+    let instances: BTreeSet<_> = gws.iter().flat_map(|g| listed(g, "instance")).collect();
+    assert_eq!(
+        (volumes.len(), instances.len()),
+        (1, 1),
+        "{volumes:?} {instances:?}"
+    );
+    assert_eq!(img.gateways().len(), 3, "a record per gateway");
+
+    let dir = tempfile::tempdir().unwrap();
+    let src = random_file(dir.path(), 64 * MIB, 33);
+    let copy = |from: &str, to: &str| {
+        let out = run(Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args(["copy", "--verify", "--no-progress", from, to])
+            .env("NO_COLOR", "1"));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = copy(&src.display().to_string(), &gws[0].uri("vol"));
+    // `  path N (PORTAL): SIZE (P%)` per path: each gateway carried some.
+    let used: BTreeSet<String> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("path "))
+        .filter(|l| !l.trim_end().ends_with("(0.0%)"))
+        .filter_map(|l| Some(l.split_once('(')?.1.split_once(')')?.0.to_owned()))
+        .collect();
+    assert_eq!(used, all, "every gateway carried part of the copy:\n{out}");
+    let back = dir.path().join("back.raw");
+    copy(&gws[1].uri("vol"), &back.display().to_string());
+    assert_eq!(
+        sha256(&back),
+        sha256(&src),
+        "read back through the gateways"
+    );
+    assert_eq!(
+        sha256_bytes(&img.export()),
+        sha256(&src),
+        "rbd export of the cluster"
+    );
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[cfg_attr(
+    braid_skip = "fio",
+    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn fio_through_braid_attach_over_two_gateways_verifies_crc32c() {
+    let Some(c) = ceph() else { return };
+    if !common::tool("fio") {
+        return;
+    }
+    let img = c.image("attach", "32M", Some("layering"));
+    let a = c.gateway(&img, &[]);
+    let b = c.gateway(&img, &[]);
+    eventually(Duration::from_secs(20), "A lists B", || {
+        listed(&a, "portal").contains(&b.addr().to_string())
+    });
+    let attach = labkit::Attach::start(None, &a.uri("vol"), "vol", &[]);
+    cephkit::fio_verify(&attach.uri(), "64k");
+    let status = attach.status();
+    let paths = status["paths"].as_array().expect("paths");
+    assert_eq!(paths.len(), 2, "{status:#}");
+    for p in paths {
+        assert!(
+            p["written_bytes"].as_u64() > Some(0),
+            "a gateway carried nothing: {p:#}"
+        );
+    }
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
+    let Some(c) = ceph() else { return };
+    let img = c.image("kill", "32M", Some("layering"));
+    let lease = ["--gateway-lease", "3"];
+    let a = c.gateway(&img, &lease);
+    let b_portal = format!("127.0.0.1:{}", common::free_port());
+    let b_args = [&lease[..], &["--listen", &b_portal]].concat();
+    let b = c.gateway(&img, &b_args);
+    eventually(Duration::from_secs(20), "A lists B", || {
+        listed(&a, "portal").contains(&b_portal)
+    });
+    let bs = 64 * 1024;
+    let rt = rt();
+    let (log, acked) = rt.block_on(async {
+        let vol = failkit::open(&a.uri("vol"), |_| {}).await;
+        assert_eq!(vol.info().paths.len(), 2, "both gateways from one URI");
+        let start = Instant::now();
+        let w = failkit::Workload {
+            blocks: 256,
+            bs,
+            depth: 8,
+            duration: Duration::from_secs(8),
+        };
+        let load = tokio::spawn(failkit::run(vol.clone(), w, start));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        signal(b.pid(), libc::SIGKILL);
+        let log = load.await.unwrap();
+        let bad = failkit::check_acknowledged(&vol, &log, bs).await;
+        assert!(bad.is_empty(), "{bad:?}");
+        let acked: Vec<(u64, u64)> = log.acked.iter().map(|(b, (v, _))| (*b, *v)).collect();
+        // A gateway's death lost nothing it acknowledged: no replay.
+        assert_eq!(vol.report().replay.replays, 0);
+        vol.close().await;
+        (log, acked)
+    });
+    assert!(log.errors.is_empty(), "I/O errors: {:?}", log.errors);
+    assert!(log.mismatches.is_empty(), "{:?}", log.mismatches);
+    // What the cluster holds, read without any gateway.
+    let data = img.export();
+    for (block, version) in acked {
+        let at = block as usize * bs;
+        assert_eq!(
+            &data[at..at + bs],
+            &failkit::block_data(block, version, bs)[..],
+            "block {block} in the cluster"
+        );
+    }
+    // B's record is gone: A fenced B (blocklisted it) when the client
+    // asked it to fence B's connections.
+    let a_addr = a.addr().to_string();
+    eventually(Duration::from_secs(30), "only A's record is left", || {
+        let g = img.gateways();
+        g.len() == 1 && g[0]["portals"][0] == a_addr.as_str()
+    });
+    assert!(!listed(&a, "portal").contains(&b_portal));
+    assert!(
+        a.log().contains("gateway fenced: blocklisted"),
+        "{}",
+        a.log()
+    );
+    drop(b);
+    // Restarted on the same portal, B rejoins: A announces it again.
+    let b = c.gateway(&img, &b_args);
+    eventually(Duration::from_secs(20), "A lists B again", || {
+        listed(&a, "portal").contains(&b_portal)
+    });
+    assert_eq!(img.gateways().len(), 2);
+    // And a client uses it again.
+    rt.block_on(async {
+        let vol = failkit::open(&a.uri("vol"), |_| {}).await;
+        let w = failkit::Workload {
+            blocks: 64,
+            bs,
+            depth: 4,
+            duration: Duration::from_secs(2),
+        };
+        let log = failkit::run(vol.clone(), w, Instant::now()).await;
+        assert!(log.errors.is_empty() && log.mismatches.is_empty());
+        let r = vol.report();
+        let to_b = r
+            .paths
+            .iter()
+            .find(|p| p.portal == b_portal)
+            .expect("a path to B");
+        assert!(
+            to_b.figures.counters.written_bytes > 0,
+            "B carried writes again"
+        );
+        vol.close().await;
+    });
+    drop(b);
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn a_dead_gateways_record_expires_and_is_removed() {
+    let Some(c) = ceph() else { return };
+    let img = c.image("expire", "16M", Some("layering"));
+    let lease = ["--gateway-lease", "2"];
+    let a = c.gateway(&img, &lease);
+    let b = c.gateway(&img, &lease);
+    eventually(Duration::from_secs(20), "A lists B", || {
+        listed(&a, "portal").contains(&b.addr().to_string())
+    });
+    assert_eq!(img.gateways().len(), 2);
+    signal(b.pid(), libc::SIGKILL);
+    let killed = Instant::now();
+    eventually(Duration::from_secs(30), "B's record removed", || {
+        img.gateways().len() == 1
+    });
+    // Not before its lease ran out by A's clock.
+    assert!(
+        killed.elapsed() >= Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(a.log().contains("ran out: fencing it"), "{}", a.log());
+    assert!(!listed(&a, "portal").contains(&b.addr().to_string()));
+}

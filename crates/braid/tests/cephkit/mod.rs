@@ -1,0 +1,229 @@
+//! A throwaway Ceph cluster for the `ceph_*` tests: one monitor on
+//! 127.0.0.1 and one OSD keeping its data in memory, started by
+//! `scripts/ceph-cluster` under a temporary directory once per test binary
+//! (about 8 s), and stopped by that script's watcher, by PID, when the test
+//! process exits. Each test makes its own small images and removes them
+//! when done (the OSD holds them in RAM).
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::common::{free_port, output, Serve};
+
+/// The shared cluster.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub conf: PathBuf,
+}
+
+/// Started once; a start that failed is reported to every test, not tried
+/// again by each.
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+/// Whether the Ceph daemons and tools are installed; same rule as
+/// `common::tool` (in CI they must be).
+pub fn available() -> bool {
+    ["ceph-mon", "ceph-osd", "rbd", "ceph"]
+        .iter()
+        .all(|t| crate::common::tool(t))
+}
+
+/// The cluster of this test binary, started on first use.
+pub fn cluster() -> &'static Cluster {
+    let started = CLUSTER.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!(
+            "braid-ceph-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/ceph-cluster");
+        let out = output(
+            Command::new(script)
+                .arg("start")
+                .arg(&dir)
+                .args(["--port", &free_port().to_string()])
+                .args(["--watch", &std::process::id().to_string()]),
+            Duration::from_secs(120),
+        );
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/ceph-cluster start failed ({}):\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(Cluster {
+            conf: dir.join("ceph.conf"),
+            dir,
+        })
+    });
+    match started {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+impl Cluster {
+    /// Runs a Ceph tool (`rbd`, `ceph`, `rados`) on this cluster; they
+    /// ignore SIGTERM, so a hung one is killed outright at the bound.
+    pub fn tool(&self, tool: &str, args: &[&str]) -> Output {
+        output(
+            Command::new(tool).arg("-c").arg(&self.conf).args(args),
+            Duration::from_secs(120),
+        )
+    }
+
+    /// As [`Self::tool`], asserting success; returns stdout.
+    pub fn ok(&self, tool: &str, args: &[&str]) -> Vec<u8> {
+        let out = self.tool(tool, args);
+        assert!(
+            out.status.success(),
+            "{tool} {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+
+    /// A new image of `size` (e.g. "64M") in pool `rbd`; `features` as
+    /// `rbd create --image-feature` takes them (`None`: the cluster's
+    /// defaults, with exclusive-lock).
+    pub fn image(&self, hint: &str, size: &str, features: Option<&str>) -> Image<'_> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{hint}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut args = vec!["create", "--size", size];
+        if let Some(f) = features {
+            args.extend(["--image-feature", f]);
+        }
+        args.push(&name);
+        self.ok("rbd", &args);
+        let info = self.ok("rbd", &["info", "--format", "json", &name]);
+        let info: serde_json::Value = serde_json::from_slice(&info).expect("rbd info json");
+        let id = info["id"].as_str().expect("image id").to_owned();
+        Image {
+            cluster: self,
+            name,
+            id,
+        }
+    }
+
+    /// A configuration file for this cluster with `lines` added to its
+    /// `[client]` section.
+    pub fn conf_with(&self, name: &str, lines: &str) -> PathBuf {
+        let base = std::fs::read_to_string(&self.conf).expect("ceph.conf");
+        let path = self.dir.join(format!("{name}.conf"));
+        std::fs::write(&path, format!("{base}\n{lines}\n")).expect("writing a ceph.conf");
+        path
+    }
+
+    /// `braid serve` as a gateway of `image` (export `vol`), with `extra`
+    /// flags (a `--ceph-conf` among them replaces the cluster's).
+    pub fn gateway(&self, image: &Image, extra: &[&str]) -> Serve {
+        let conf = self.conf.display().to_string();
+        if extra.contains(&"--ceph-conf") {
+            let spec = format!("vol={}", image.spec());
+            let mut args = extra.to_vec();
+            args.push(&spec);
+            return Serve::start(&args);
+        }
+        let spec = format!("vol={}", image.spec());
+        let mut args: Vec<&str> = vec!["--ceph-conf", &conf];
+        args.extend(extra);
+        args.push(&spec);
+        Serve::start(&args)
+    }
+}
+
+/// fio's nbd engine on `uri`: random reads and writes of `bs` over 16 MiB
+/// with every block checked by CRC32C; asserts no error and some of both.
+pub fn fio_verify(uri: &str, bs: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("fio.json");
+    crate::common::run(
+        crate::common::cmd("fio")
+            .current_dir(dir.path())
+            .args(["--name=verify", "--ioengine=nbd", "--size=16m"])
+            .arg(format!("--bs={bs}"))
+            .args(["--iodepth=16", "--rw=randrw", "--verify=crc32c"])
+            .args(["--do_verify=1", "--verify_fatal=1", "--verify_state_save=0"])
+            .args(["--runtime=30", "--output-format=json"])
+            .arg(format!("--uri={uri}"))
+            .arg(format!("--output={}", json.display())),
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&text[text.find('{').expect("fio JSON")..]).unwrap();
+    for job in j["jobs"].as_array().expect("jobs") {
+        assert_eq!(job["error"], 0, "{job:#}");
+        assert!(job["read"]["io_bytes"].as_u64() > Some(0), "no reads");
+        assert!(job["write"]["io_bytes"].as_u64() > Some(0), "no writes");
+    }
+}
+
+/// An image of the shared cluster, removed when dropped.
+pub struct Image<'a> {
+    cluster: &'a Cluster,
+    pub name: String,
+    pub id: String,
+}
+
+impl Image<'_> {
+    /// `rbd:rbd/NAME`.
+    pub fn spec(&self) -> String {
+        format!("rbd:rbd/{}", self.name)
+    }
+
+    /// The image's bytes as `rbd export` reads them from the cluster,
+    /// without any gateway.
+    pub fn export(&self) -> Vec<u8> {
+        self.cluster
+            .ok("rbd", &["export", "--no-progress", &self.name, "-"])
+    }
+
+    /// The image's metadata (`rbd image-meta list`).
+    pub fn meta(&self) -> Vec<(String, String)> {
+        let out = self.cluster.ok(
+            "rbd",
+            &["image-meta", "list", "--format", "json", &self.name],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The gateway records in the image's metadata.
+    pub fn gateways(&self) -> Vec<serde_json::Value> {
+        self.meta()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("braid.gateway."))
+            .map(|(_, v)| serde_json::from_str(&v).expect("a gateway record is JSON"))
+            .collect()
+    }
+}
+
+impl Drop for Image<'_> {
+    fn drop(&mut self) {
+        // Frees the OSD's memory; what a killed gateway left is removed too.
+        let _ = self
+            .cluster
+            .tool("rbd", &["rm", "--no-progress", &self.name]);
+        let _ = self.cluster.tool(
+            "rados",
+            &["-p", "rbd", "rm", &format!("braid_gateways.{}", self.id)],
+        );
+    }
+}

@@ -1,0 +1,153 @@
+//! An RBD image as a backend (`NAME=rbd:POOL/IMAGE[@SNAP]`), through
+//! librbd with its cache off: a write is acknowledged once the OSDs have
+//! it, so FLUSH and FUA have nothing left to do and a gateway's death
+//! loses nothing it acknowledged. (With `--rbd-cache` a FUA write and a
+//! FLUSH write the cache back first.)
+//!
+//! The image handle belongs to the gateway's current RADOS incarnation
+//! (`gateway::RbdVolume`); a call that finds the client blocklisted fails
+//! with `ESHUTDOWN`, which the connection answers by closing (see
+//! [`Backend`]), while the gateway reconnects.
+
+use std::io;
+
+use braid_proto::wire::state;
+
+use super::{Backend, Caps, Extent, ZeroError};
+use crate::gateway::RbdVolume;
+
+/// BLOCK_STATUS looks at most this far per request: the spec lets a
+/// server answer less than asked, and without an object map every 4 MiB
+/// object costs the OSDs a lookup.
+const MAX_STATUS: u64 = 256 << 20;
+
+impl Backend for RbdVolume {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            trim: true,
+            fast_zero: true,
+            extents: true,
+            rotational: false,
+        }
+    }
+
+    fn blocking(&self) -> bool {
+        true
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check(self.image().read(buf, offset))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        let image = self.image();
+        self.check(image.write(buf, offset))?;
+        if fua && self.ceph.caches() {
+            self.check(image.flush())?;
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.check(self.image().flush())
+    }
+
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+        // A hint: librbd leaves ranges under its discard granularity as
+        // they are, which TRIM allows.
+        let image = self.image();
+        self.check(image.discard(offset, len))?;
+        if fua && self.ceph.caches() {
+            self.check(image.flush())?;
+        }
+        Ok(())
+    }
+
+    fn zero(
+        &self,
+        offset: u64,
+        len: u64,
+        _may_trim: bool,
+        _fast: bool,
+        fua: bool,
+    ) -> Result<(), ZeroError> {
+        // write_zeroes, never discard: a discard under 64 KiB leaves the
+        // old data readable. librbd deallocates whole objects and writes
+        // zeroes only over partial ones, so it is fast either way.
+        let image = self.image();
+        self.check(image.write_zeroes(offset, len))?;
+        if fua && self.ceph.caches() {
+            self.check(image.flush())?;
+        }
+        Ok(())
+    }
+
+    fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
+        let end = offset.saturating_add(len.min(MAX_STATUS)).min(self.size);
+        if offset >= end {
+            return Ok(vec![Extent { len: 1, flags: 0 }]);
+        }
+        let mut found: Vec<(u64, u64)> = Vec::new();
+        self.check(
+            self.image()
+                .allocated(offset, end - offset, self.fast_diff, |o, l| {
+                    found.push((o, l));
+                }),
+        )?;
+        Ok(runs(offset, end, &found))
+    }
+
+    fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        // Nothing is cached here to warm.
+        Ok(())
+    }
+}
+
+/// `[offset, end)` as data where `found` says so, holes (reading as
+/// zeroes) between. `found` is in order and may overlap or run past.
+fn runs(offset: u64, end: u64, found: &[(u64, u64)]) -> Vec<Extent> {
+    let hole = state::HOLE | state::ZERO;
+    let mut out: Vec<Extent> = Vec::new();
+    let mut push = |len: u64, flags: u32| {
+        if len == 0 {
+            return;
+        }
+        match out.last_mut() {
+            Some(last) if last.flags == flags => last.len += len,
+            _ => out.push(Extent { len, flags }),
+        }
+    };
+    let mut pos = offset;
+    for &(o, l) in found {
+        let (start, stop) = (o.max(pos), o.saturating_add(l).min(end));
+        if stop <= start {
+            continue;
+        }
+        push(start - pos, hole);
+        push(stop - start, 0);
+        pos = stop;
+    }
+    push(end - pos, hole);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_becomes_data_and_holes() {
+        let hole = state::HOLE | state::ZERO;
+        let e = |len, flags| Extent { len, flags };
+        assert_eq!(runs(0, 100, &[]), vec![e(100, hole)]);
+        assert_eq!(
+            runs(10, 100, &[(0, 20), (20, 10), (50, 500)]),
+            vec![e(20, 0), e(20, hole), e(50, 0)]
+        );
+        assert_eq!(runs(0, 10, &[(0, 10)]), vec![e(10, 0)]);
+    }
+}

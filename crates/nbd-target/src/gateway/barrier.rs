@@ -1,0 +1,128 @@
+//! The OSD map barrier behind a cross-gateway fence.
+//!
+//! Blocklisting a stale gateway makes the OSDs refuse its operations once
+//! they hold the OSD map that names it. An OSD takes a new map before it
+//! executes any operation stamped with a newer map epoch than its own, and
+//! executes one placement group's operations in order; so an operation
+//! that carries the blocklist's epoch shuts every later operation of the
+//! stale client out of the data it touches. The gateway that blocklisted
+//! has that epoch (`Cluster::blocklist_add` waits for it), but a client
+//! re-sends the fenced writes through whichever gateway it likes, and
+//! another gateway may still stamp them with an older epoch: an OSD behind
+//! on maps could then execute the re-sent write and after it the stale
+//! one. So before a fence is confirmed, every live gateway of the image is
+//! made to fetch the newest map: each watches one object per image, and
+//! the fencing gateway notifies it and waits for every watcher's
+//! acknowledgement, which each sends only after
+//! `rados_wait_for_latest_osdmap` returned. (An OSD drops the watches of a
+//! blocklisted client, so the stale gateway is not waited for; if its
+//! watch lingers, its timeout is excused by its global id.)
+//!
+//! The object, `braid_gateways.<image id>`, is empty and stays in the pool
+//! after the image is removed (`rados -p POOL rm braid_gateways.<id>`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_rbd::{IoCtx, Watch};
+use tracing::{debug, warn};
+
+/// What a barrier notification carries.
+const PAYLOAD: &[u8] = b"braid osdmap barrier v1";
+
+/// A gateway joined or left the image's registry: every gateway reads it
+/// again at once, rather than at its next lease renewal, so that clients
+/// learn of a new gateway from any other right away.
+const CHANGED: &[u8] = b"braid registry changed v1";
+
+/// The object the gateways of image `id` watch.
+pub fn object(image_id: &str) -> String {
+    format!("braid_gateways.{image_id}")
+}
+
+/// Creates the image's barrier object if needed and watches it: each
+/// barrier notification is acknowledged once this client has the newest
+/// OSD map; `changed` runs (on a thread of its own) when another gateway
+/// joined or left. `broken` runs (on a librados thread) when the watch
+/// fails: this gateway may then miss a barrier, so it must stop serving.
+///
+/// # Errors
+///
+/// The object cannot be created or watched.
+pub fn watch(
+    io: &Arc<IoCtx>,
+    image_id: &str,
+    changed: impl Fn() + Send + Sync + 'static,
+    broken: impl Fn(i32) + Send + Sync + 'static,
+) -> braid_rbd::Result<Watch> {
+    let oid = object(image_id);
+    io.touch(&oid)?;
+    let acker = io.clone();
+    let oid2 = oid.clone();
+    let changed = Arc::new(changed);
+    io.watch(
+        &oid,
+        move |n| {
+            let (io, oid, changed) = (acker.clone(), oid2.clone(), changed.clone());
+            // Callbacks run on a librados thread, which must not wait.
+            std::thread::spawn(move || {
+                if n.data == CHANGED {
+                    changed();
+                }
+                if n.data == PAYLOAD {
+                    if let Err(e) = io.cluster().wait_for_latest_osdmap() {
+                        // Not acknowledged: the fence waits and retries.
+                        warn!("barrier: could not fetch the newest OSD map: {e}");
+                        return;
+                    }
+                }
+                if let Err(e) = io.notify_ack(&oid, n.notify_id, n.cookie) {
+                    debug!("barrier: acknowledging: {e}");
+                }
+            });
+        },
+        broken,
+    )
+}
+
+/// Tells the other gateways of image `id` that the registry changed (no
+/// answer awaited beyond a second; they also read it every period).
+pub fn announce(io: &IoCtx, image_id: &str) {
+    if let Err(e) = io.notify(&object(image_id), CHANGED, Duration::from_secs(1)) {
+        debug!("announcing a registry change: {e}");
+    }
+}
+
+/// Makes every gateway watching image `id`'s barrier object fetch the
+/// newest OSD map; returns once all have said so, except those whose
+/// global id is in `excused` (blocklisted ones).
+///
+/// # Errors
+///
+/// A watcher did not answer within `timeout`, or the notification failed:
+/// the fence must not be confirmed yet.
+pub fn run(io: &IoCtx, image_id: &str, timeout: Duration, excused: &[u64]) -> Result<(), String> {
+    let oid = object(image_id);
+    let outcome = io
+        .notify(&oid, PAYLOAD, timeout)
+        .map_err(|e| format!("OSD map barrier: {e}"))?;
+    let late: Vec<u64> = outcome
+        .timed_out
+        .iter()
+        .map(|&(gid, _)| gid)
+        .filter(|gid| !excused.contains(gid))
+        .collect();
+    if late.is_empty() {
+        debug!(acked = outcome.acked.len(), "OSD map barrier passed");
+        Ok(())
+    } else {
+        Err(format!(
+            "OSD map barrier: gateway client(s) {} did not confirm the newest OSD map within \
+             {timeout:?}",
+            late.iter()
+                .map(|g| format!("client.{g}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}

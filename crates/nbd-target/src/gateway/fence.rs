@@ -1,0 +1,115 @@
+//! Fencing another gateway: the fence an initiator asks of a connection
+//! id this gateway did not issue, and the cleaning of a record whose lease
+//! ran out.
+//!
+//! A connection id names the gateway incarnation that issued it (its high
+//! 64 bits are the incarnation's tag, see `registry.rs`), and the image's
+//! gateway registry maps a tag to that incarnation's RADOS address
+//! (`lease.rs`). So a gateway asked to fence ids of another incarnation:
+//!
+//! - of its own past incarnations: nothing to do. It closed and drained
+//!   their connections before it reconnected as a new client.
+//! - with no record: nothing to do. A record goes only after its gateway
+//!   stopped cleanly (every connection drained) or after it was
+//!   blocklisted and the OSD map barrier passed.
+//! - with a record (alive or expired): it blocklists that address, runs
+//!   the OSD map barrier (`barrier.rs`), and only then removes the record
+//!   and confirms. From then on the OSDs refuse everything the stale
+//!   gateway still holds, so nothing it held can land after the re-sent
+//!   writes. Without the capability to blocklist it refuses the fence,
+//!   saying why; the initiator keeps the writes waiting and tries again.
+
+use std::time::Duration;
+
+use braid_proto::braid_ns::ConnId;
+use tracing::{info, warn};
+
+use super::lease::{self, Entry};
+use super::volume::RbdVolume;
+use crate::registry::Registry;
+
+/// How long every live gateway has to confirm the newest OSD map.
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Fences connection ids this gateway does not have (blocking: Ceph calls).
+///
+/// # Errors
+///
+/// Why the fence cannot be confirmed (yet), for the asker.
+pub(super) fn fence_ids(vol: &RbdVolume, ids: &[ConnId]) -> Result<(), String> {
+    let mut tags: Vec<u64> = ids.iter().map(|id| Registry::tag_of(*id)).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    for tag in tags {
+        if vol.ceph.own_tag(tag) {
+            continue;
+        }
+        let key = lease::key(tag);
+        let value = vol
+            .image()
+            .metadata_get(&key)
+            .map_err(|e| format!("reading the gateway registry: {e}"))?;
+        let Some(value) = value else {
+            continue;
+        };
+        let entry = Entry::parse(&value).ok_or_else(|| {
+            format!(
+                "the record {key} in {}'s metadata is not one this braid can read; remove it \
+                 once its gateway is stopped (rbd image-meta remove {} {key})",
+                vol.spec, vol.spec
+            )
+        })?;
+        warn!(
+            gateway = %entry.addr,
+            host = %entry.host,
+            pid = entry.pid,
+            "a client fences connections of another gateway: blocklisting it"
+        );
+        fence_entry(vol, &entry)?;
+    }
+    Ok(())
+}
+
+/// Blocklists the gateway of `entry`, passes the OSD map barrier, then
+/// removes the record.
+///
+/// # Errors
+///
+/// This user may not blocklist, the monitors are unreachable, or a live
+/// gateway did not confirm the barrier.
+pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> {
+    if !vol.ceph.can_blocklist() {
+        return Err(format!(
+            "gateway {} (host {}, pid {}) must be fenced, and this gateway's Ceph user may not \
+             blocklist (add `osd blocklist` to its mon caps, e.g. mon 'profile rbd')",
+            entry.addr, entry.host, entry.pid
+        ));
+    }
+    let inc = vol.ceph.current();
+    if skip_blocklist_for_tests() {
+        warn!(gateway = %entry.addr, "TEST HOOK: not blocklisting the stale gateway");
+    } else {
+        inc.cluster
+            .blocklist_add(&entry.addr, None)
+            .map_err(|e| format!("blocklisting gateway {}: {e}", entry.addr))?;
+    }
+    let io = vol.ioctx();
+    super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid])?;
+    vol.image()
+        .metadata_remove(&lease::key(entry.tag))
+        .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;
+    info!(
+        gateway = %entry.addr,
+        host = %entry.host,
+        pid = entry.pid,
+        "gateway fenced: blocklisted, every live gateway has the OSD map that says so, record removed"
+    );
+    Ok(())
+}
+
+/// Test hook: with `BRAID_DANGER_NO_BLOCKLIST` set in a build with the
+/// `test-hooks` feature, fences skip the blocklist (to show a test that
+/// the stale write then lands).
+fn skip_blocklist_for_tests() -> bool {
+    cfg!(feature = "test-hooks") && std::env::var_os("BRAID_DANGER_NO_BLOCKLIST").is_some()
+}

@@ -1,0 +1,215 @@
+//! The gateway registry: the record each gateway of an image keeps in the
+//! image's metadata (`rbd image-meta list` shows them), and which records
+//! are alive.
+//!
+//! A gateway writes its record under `braid.gateway.<tag>` before it
+//! accepts a connection, renews it (a growing `seq`) every third of its
+//! lease, and removes it when it stops cleanly, after every connection
+//! drained. Another gateway judges a record by its own monotonic clock:
+//! alive while `seq` changed within the record's lease, expired after; so
+//! no two hosts' clocks need to agree. An expired record is not forgotten:
+//! its gateway may only be stalled, with writes still inside it, so a
+//! surviving gateway blocklists the record's RADOS address before removing
+//! it (`fence.rs`). A record that is gone therefore names a gateway that
+//! either stopped cleanly or was fenced.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Metadata keys of gateway records start with this.
+pub const PREFIX: &str = "braid.gateway.";
+
+/// The record format this version writes.
+pub const VERSION: u32 = 1;
+
+/// One gateway's record (JSON in the image's metadata).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Format version ([`VERSION`]).
+    pub v: u32,
+    /// The gateway incarnation's tag: the high 64 bits of the connection
+    /// ids it issues.
+    pub tag: u64,
+    /// Its RADOS client's address, as `ceph osd blocklist add` takes it.
+    pub addr: String,
+    /// Its RADOS client's global id (`client.<gid>`).
+    pub gid: u64,
+    /// Where clients reach it (`x-braid:portal`).
+    pub portals: Vec<String>,
+    /// How long the record stays alive without a renewal.
+    pub lease_ms: u64,
+    /// Grows with every renewal.
+    pub seq: u64,
+    /// The gateway serves the image alone: no other gateway may join it
+    /// (it cannot blocklist, or it caches writes).
+    pub alone: bool,
+    /// For people reading `rbd image-meta list`.
+    pub host: String,
+    pub pid: u32,
+}
+
+/// The metadata key of the record of the incarnation with `tag`.
+pub fn key(tag: u64) -> String {
+    format!("{PREFIX}{tag:016x}")
+}
+
+impl Entry {
+    /// Parses a record; `None` for one this version cannot read.
+    pub fn parse(value: &str) -> Option<Self> {
+        serde_json::from_str::<Entry>(value)
+            .ok()
+            .filter(|e| e.v == VERSION)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a record always serialises")
+    }
+
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+}
+
+/// What the registry says now, as one gateway sees it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Other gateways' records that are alive.
+    pub live: Vec<Entry>,
+    /// Records whose lease ran out: their gateways must be fenced before
+    /// the record goes.
+    pub expired: Vec<Entry>,
+    /// Keys whose value this version cannot read.
+    pub unreadable: Vec<String>,
+}
+
+/// When this gateway last saw each record change, by its own clock.
+#[derive(Debug, Default)]
+pub struct Observed {
+    seen: HashMap<String, (u64, Duration)>,
+}
+
+impl Observed {
+    /// Takes the registry as listed at `now` (this gateway's monotonic
+    /// clock) and sorts the records other than `own`.
+    pub fn update(&mut self, now: Duration, own: &str, listed: &[(String, String)]) -> View {
+        let mut view = View::default();
+        let mut still = HashMap::new();
+        for (k, v) in listed {
+            if k == own || !k.starts_with(PREFIX) {
+                continue;
+            }
+            let Some(entry) = Entry::parse(v) else {
+                view.unreadable.push(k.clone());
+                continue;
+            };
+            let since = match self.seen.get(k) {
+                Some(&(seq, since)) if seq == entry.seq => since,
+                _ => now,
+            };
+            still.insert(k.clone(), (entry.seq, since));
+            if now.saturating_sub(since) < entry.lease() {
+                view.live.push(entry);
+            } else {
+                view.expired.push(entry);
+            }
+        }
+        // Records that are gone are forgotten: one that came back would be
+        // a new incarnation anyway.
+        self.seen = still;
+        view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(tag: u64, seq: u64, lease_ms: u64) -> (String, String) {
+        let e = Entry {
+            v: VERSION,
+            tag,
+            addr: format!("127.0.0.1:0/{tag}"),
+            gid: tag + 4000,
+            portals: vec![format!("127.0.0.1:{}", 10000 + tag)],
+            lease_ms,
+            seq,
+            alone: false,
+            host: "h".into(),
+            pid: 1,
+        };
+        (key(tag), e.to_json())
+    }
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_record_lives_while_it_is_renewed_and_expires_when_it_is_not() {
+        let mut o = Observed::default();
+        let own = key(1);
+        let v = o.update(
+            Duration::ZERO,
+            &own,
+            &[entry(1, 1, 3000), entry(2, 1, 3000)],
+        );
+        assert_eq!(v.live.len(), 1, "its own record is not listed");
+        assert_eq!(v.live[0].tag, 2);
+        // Unchanged for less than the lease: alive.
+        assert_eq!(o.update(2 * S, &own, &[entry(2, 1, 3000)]).live.len(), 1);
+        // Renewed at 2.5 s: alive until 5.5 s by this clock.
+        let renewed = Duration::from_millis(2500);
+        assert_eq!(o.update(renewed, &own, &[entry(2, 2, 3000)]).live.len(), 1);
+        assert_eq!(o.update(5 * S, &own, &[entry(2, 2, 3000)]).live.len(), 1);
+        let v = o.update(6 * S, &own, &[entry(2, 2, 3000)]);
+        assert!(v.live.is_empty());
+        assert_eq!(v.expired[0].tag, 2, "an expired record is kept for fencing");
+    }
+
+    #[test]
+    fn a_record_first_seen_late_gets_a_whole_lease_from_then() {
+        let mut o = Observed::default();
+        // Whatever its age by its writer's clock: unknown here.
+        let v = o.update(100 * S, &key(9), &[entry(3, 77, 1000)]);
+        assert_eq!(v.live.len(), 1);
+        let v = o.update(
+            Duration::from_millis(101_500),
+            &key(9),
+            &[entry(3, 77, 1000)],
+        );
+        assert_eq!(v.expired.len(), 1);
+    }
+
+    #[test]
+    fn removed_records_are_forgotten_and_foreign_values_set_aside() {
+        let mut o = Observed::default();
+        o.update(Duration::ZERO, &key(9), &[entry(4, 1, 1000)]);
+        assert!(o.update(S, &key(9), &[]).live.is_empty());
+        assert!(o.seen.is_empty());
+        let listed = [
+            (key(5), "not json".to_owned()),
+            ("braid.other".to_owned(), "x".to_owned()),
+            ("conf_rbd_cache".to_owned(), "false".to_owned()),
+        ];
+        let v = o.update(2 * S, &key(9), &listed);
+        assert_eq!(v.unreadable, vec![key(5)]);
+        assert!(v.live.is_empty() && v.expired.is_empty());
+    }
+
+    #[test]
+    fn records_round_trip_and_keys_name_the_tag() {
+        let (k, v) = entry(0xab, 5, 1500);
+        assert_eq!(k, "braid.gateway.00000000000000ab");
+        let e = Entry::parse(&v).unwrap();
+        assert_eq!(
+            (e.tag, e.seq, e.lease()),
+            (0xab, 5, Duration::from_millis(1500))
+        );
+        let newer = v.replace("\"v\":1", "\"v\":2");
+        assert_eq!(
+            Entry::parse(&newer),
+            None,
+            "a newer format is not guessed at"
+        );
+    }
+}

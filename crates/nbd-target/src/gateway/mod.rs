@@ -1,0 +1,517 @@
+//! `braid serve` as a gateway of Ceph RBD images, every gateway active.
+//!
+//! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
+//! gateway of an image keeps a record in the image's metadata with its
+//! portals and its RADOS address, under a lease (`lease.rs`); every
+//! gateway answers `x-braid:portal` with the portals of every live
+//! gateway, so one URI gives an initiator every path through every
+//! gateway. The volume's identity comes from the cluster's fsid and the
+//! image's id, the same on every gateway, and so does its instance (an
+//! acknowledged write is in the cluster, whichever gateway took it).
+//!
+//! A stale gateway (stalled, partitioned, or its lease run out) is fenced
+//! in Ceph itself: blocklisted, then every live gateway fetches the OSD
+//! map that says so before the fence is confirmed (`fence.rs`,
+//! `barrier.rs`). A gateway that finds itself blocklisted (an operation or
+//! a renewal answered `ESHUTDOWN`, or its barrier watch broken) closes its
+//! connections unanswered, waits for them to drain, and reconnects as a
+//! new RADOS client with a new tag: a new incarnation, whose connection
+//! ids differ from the old one's.
+//!
+//! Active/active needs three things of every gateway: no write cache
+//! (`rbd_cache = false`: an acknowledged write must be in the cluster, for
+//! other gateways to read it and for no gateway's death to lose it), an
+//! image without exclusive-lock (checked at open, `volume.rs`), and the
+//! capability to blocklist (`osd blocklist` in the user's mon caps, which
+//! `profile rbd` grants; probed at start). A gateway with the cache on or
+//! without the capability serves its images alone: it refuses to start
+//! beside another gateway, and others refuse to start beside it.
+
+mod barrier;
+mod fence;
+pub mod lease;
+mod volume;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use braid_proto::braid_ns::ConnId;
+use braid_rbd::Cluster;
+use tracing::{error, info, warn};
+
+pub use braid_rbd::ConnectOptions;
+pub use volume::RbdVolume;
+
+use crate::registry::Registry;
+
+/// How `braid serve` reaches Ceph and behaves as a gateway.
+#[derive(Clone, Debug)]
+pub struct GatewayOptions {
+    pub connect: ConnectOptions,
+    /// How long a gateway's record lives without renewal.
+    pub lease: Duration,
+    /// Keep librbd's write cache (writes acknowledged before they reach
+    /// the cluster; the gateway then serves alone).
+    pub cache: bool,
+}
+
+/// One connection of this process to the cluster.
+#[derive(Debug)]
+pub(crate) struct Incarnation {
+    pub cluster: Arc<Cluster>,
+    /// The high 64 bits of the connection ids it issues.
+    pub tag: u64,
+    /// Its RADOS address, as a blocklist names it.
+    pub addr: String,
+    /// Its RADOS global id.
+    pub gid: u64,
+}
+
+/// This process's RADOS client and the RBD images it serves.
+#[derive(Debug)]
+pub struct Ceph {
+    opts: GatewayOptions,
+    inc: RwLock<Arc<Incarnation>>,
+    /// Tags of earlier incarnations of this process.
+    past: Mutex<Vec<u64>>,
+    /// False while reconnecting: no connection is admitted.
+    serving: AtomicBool,
+    reopening: AtomicBool,
+    stopping: AtomicBool,
+    can_blocklist: AtomicBool,
+    volumes: Mutex<Vec<Weak<RbdVolume>>>,
+    started: OnceLock<Started>,
+    /// The origin of the lease clock.
+    epoch: Instant,
+}
+
+#[derive(Debug)]
+struct Started {
+    registry: Arc<Registry>,
+    portals: Vec<String>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Ceph {
+    /// Connects to the cluster (blocking). `rbd_cache` is set off unless
+    /// the options keep it, and no admin socket is opened, so that several
+    /// clients on one host never share one.
+    ///
+    /// # Errors
+    ///
+    /// The configuration, keyring or monitors cannot be used; the message
+    /// says which.
+    pub fn connect(mut opts: GatewayOptions) -> Result<Arc<Self>, String> {
+        let cache = if opts.cache { "true" } else { "false" };
+        opts.connect.settings.extend(
+            [("rbd_cache", cache), ("admin_socket", "")].map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let inc = incarnation(&opts.connect)?;
+        Ok(Arc::new(Self {
+            opts,
+            inc: RwLock::new(Arc::new(inc)),
+            past: Mutex::new(Vec::new()),
+            serving: AtomicBool::new(false),
+            reopening: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            can_blocklist: AtomicBool::new(false),
+            volumes: Mutex::new(Vec::new()),
+            started: OnceLock::new(),
+            epoch: Instant::now(),
+        }))
+    }
+
+    /// Joins every writable image's gateway registry, then admits
+    /// connections. Call once the portals are bound and before serving.
+    ///
+    /// # Errors
+    ///
+    /// Another gateway serves an image alone, or this one must serve alone
+    /// and another is there; a record cannot be written.
+    pub async fn start(
+        self: &Arc<Self>,
+        registry: Arc<Registry>,
+        portals: Vec<String>,
+    ) -> Result<(), String> {
+        let me = self.clone();
+        let can = tokio::task::spawn_blocking(move || me.probe_blocklist())
+            .await
+            .map_err(|e| e.to_string())??;
+        self.can_blocklist.store(can, Ordering::SeqCst);
+        if !can {
+            warn!(
+                "this Ceph user may not blocklist (`osd blocklist` is not in its mon caps; \
+                 `profile rbd` grants it): a stalled gateway could not be fenced, so this \
+                 gateway serves its images alone, and no other gateway may join it"
+            );
+        } else if self.opts.cache {
+            warn!(
+                "rbd cache on (--rbd-cache): writes are acknowledged from this gateway's memory \
+                 before they reach the cluster, so a crash of this process loses them (clients \
+                 replay what they did not flush) and no other gateway would see them: this \
+                 gateway serves its images alone"
+            );
+        }
+        let _ = self.started.set(Started {
+            registry: registry.clone(),
+            portals: portals.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        for vol in self.writable() {
+            let (vol2, portals) = (vol.clone(), portals.clone());
+            tokio::task::spawn_blocking(move || join(&vol2, &portals))
+                .await
+                .map_err(|e| e.to_string())??;
+        }
+        registry.set_tag(self.current().tag);
+        self.serving.store(true, Ordering::SeqCst);
+        for vol in self.writable() {
+            tokio::spawn(lease_loop(self.clone(), vol));
+        }
+        Ok(())
+    }
+
+    /// Leaves every image's registry (after the last connection drained).
+    pub async fn stop(self: &Arc<Self>) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.serving.store(false, Ordering::SeqCst);
+        for vol in self.writable() {
+            let _ = tokio::task::spawn_blocking(move || vol.leave()).await;
+        }
+    }
+
+    pub(crate) fn current(&self) -> Arc<Incarnation> {
+        self.inc.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The tag of this process's current incarnation or of an earlier one.
+    pub(crate) fn own_tag(&self, tag: u64) -> bool {
+        self.current().tag == tag
+            || self
+                .past
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&tag)
+    }
+
+    pub(crate) fn can_blocklist(&self) -> bool {
+        self.can_blocklist.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn caches(&self) -> bool {
+        self.opts.cache
+    }
+
+    /// Whether this gateway must serve its images alone.
+    pub(crate) fn alone(&self) -> bool {
+        self.opts.cache || !self.can_blocklist()
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.opts.lease
+    }
+
+    /// The lease clock: monotonic, this process's own.
+    pub(crate) fn clock(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    /// Whether connection `id` may be served: issued by the current
+    /// incarnation, which is serving.
+    pub(crate) fn admits(&self, id: ConnId) -> bool {
+        self.serving.load(Ordering::SeqCst) && Registry::tag_of(id) == self.current().tag
+    }
+
+    fn adopt(&self, vol: &Arc<RbdVolume>) {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(vol));
+    }
+
+    pub(crate) fn volume(&self, export: &str) -> Option<Arc<RbdVolume>> {
+        self.all().into_iter().find(|v| v.export == export)
+    }
+
+    fn all(&self) -> Vec<Arc<RbdVolume>> {
+        self.volumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    fn writable(&self) -> Vec<Arc<RbdVolume>> {
+        self.all().into_iter().filter(|v| v.writes()).collect()
+    }
+
+    /// Whether this user may blocklist: blocklists, for a second, an
+    /// address in a range reserved for documentation (RFC 5737), which no
+    /// client has.
+    fn probe_blocklist(&self) -> Result<bool, String> {
+        let nonce = uuid::Uuid::new_v4().as_u128() as u32;
+        match self.current().cluster.blocklist_add(
+            &format!("192.0.2.1:0/{nonce}"),
+            Some(Duration::from_secs(1)),
+        ) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.errno, libc::EACCES | libc::EPERM) => Ok(false),
+            Err(e) => Err(format!(
+                "checking whether this Ceph user may blocklist: {e}"
+            )),
+        }
+    }
+
+    /// Incarnation `tag` lost its cluster connection or was blocklisted:
+    /// reconnect as a new one (once, however many report it).
+    pub(crate) fn lost(self: &Arc<Self>, tag: u64, why: String) {
+        if self.current().tag != tag || self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if self.reopening.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Some(started) = self.started.get() else {
+            self.reopening.store(false, Ordering::SeqCst);
+            return;
+        };
+        let me = self.clone();
+        started.runtime.spawn(async move {
+            me.reconnect(&why).await;
+            me.reopening.store(false, Ordering::SeqCst);
+        });
+    }
+
+    async fn reconnect(self: &Arc<Self>, why: &str) {
+        let Some(started) = self.started.get() else {
+            return;
+        };
+        self.serving.store(false, Ordering::SeqCst);
+        error!(
+            "this gateway lost its right to write ({why}): closing its connections \
+             unanswered; clients fail over, and it rejoins as a new RADOS client"
+        );
+        let mut cut = 0;
+        for vol in self.all() {
+            cut += started.registry.cut_export(&vol.export);
+        }
+        // Nothing of the old incarnation may still be running when the new
+        // one opens the images: a request that began before the cut would
+        // otherwise reach the new, unfenced client.
+        for conn in started.registry.list() {
+            let export = conn
+                .export
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if export.is_some_and(|e| self.volume(&e).is_some()) {
+                conn.drain().await;
+            }
+        }
+        info!(connections = cut, "old connections drained");
+        let mut delay = Duration::from_millis(200);
+        loop {
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            let me = self.clone();
+            let portals = started.portals.clone();
+            match tokio::task::spawn_blocking(move || me.replace_incarnation(&portals)).await {
+                Ok(Ok(())) => break,
+                Ok(Err(e)) => warn!("reconnecting to the cluster: {e}; retrying in {delay:?}"),
+                Err(e) => warn!("reconnecting to the cluster: {e}"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        started.registry.set_tag(self.current().tag);
+        self.serving.store(true, Ordering::SeqCst);
+        info!(addr = %self.current().addr, "rejoined as a new RADOS client");
+    }
+
+    /// Connects anew, reopens every image on the new client, writes the
+    /// new records; only then is the new incarnation current.
+    fn replace_incarnation(self: &Arc<Self>, portals: &[String]) -> Result<(), String> {
+        let inc = Arc::new(incarnation(&self.opts.connect)?);
+        let mut opened = Vec::new();
+        for vol in self.all() {
+            let io = inc
+                .cluster
+                .ioctx(&vol.spec.pool)
+                .map_err(|e| format!("{}: {e}", vol.spec))?;
+            opened.push((vol.clone(), vol.reopen(io)?));
+        }
+        let old = std::mem::replace(
+            &mut *self.inc.write().unwrap_or_else(|p| p.into_inner()),
+            inc,
+        );
+        self.past
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(old.tag);
+        let mut old_handles = Vec::new();
+        for (vol, handle) in opened {
+            old_handles.push(vol.swap(handle));
+        }
+        // Closing images of a blocklisted client may wait on the cluster:
+        // not on this path.
+        std::thread::spawn(move || drop((old_handles, old)));
+        for vol in self.writable() {
+            join(&vol, portals)?;
+        }
+        Ok(())
+    }
+}
+
+/// A fresh RADOS client with a fresh tag.
+fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
+    let cluster = Arc::new(Cluster::connect(opts).map_err(|e| e.to_string())?);
+    let addr = cluster.addrs().map_err(|e| e.to_string())?;
+    let gid = cluster.instance_id();
+    let mut tag = uuid::Uuid::new_v4().as_u128() as u64;
+    while tag == 0 {
+        tag = uuid::Uuid::new_v4().as_u128() as u64;
+    }
+    Ok(Incarnation {
+        cluster,
+        tag,
+        addr,
+        gid,
+    })
+}
+
+/// Joins the registry of `vol`'s image: checks who else is there, watches
+/// the barrier object, writes this incarnation's record.
+fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), String> {
+    let ceph = &vol.ceph;
+    let first = vol
+        .look()
+        .map_err(|e| format!("{}: reading the gateway registry: {e}", vol.spec))?;
+    let mut conflicts: Vec<lease::Entry> = first
+        .live
+        .into_iter()
+        .filter(|e| ceph.alone() || e.alone)
+        .collect();
+    if !conflicts.is_empty() {
+        if !ceph.can_blocklist() {
+            let e = &conflicts[0];
+            return Err(format!(
+                "{}: gateway {} (host {}, pid {}) has a record in the image's metadata, and \
+                 this Ceph user may not blocklist, so this gateway may only serve the image \
+                 alone. Stop that gateway, or if it is gone remove its record (rbd image-meta \
+                 remove {} {}), or give this user `osd blocklist` in its mon caps",
+                vol.spec,
+                e.addr,
+                e.host,
+                e.pid,
+                vol.spec,
+                lease::key(e.tag)
+            ));
+        }
+        // A record that is never renewed is a gateway that is gone or
+        // stalled: fenced once its lease runs out. One that is renewed is
+        // a live gateway that cannot share the image.
+        let deadline = Instant::now()
+            + conflicts
+                .iter()
+                .map(lease::Entry::lease)
+                .max()
+                .unwrap_or_default()
+            + Duration::from_secs(1);
+        info!(
+            "{}: waiting up to {:?} to see whether the gateway(s) recorded in the image are alive",
+            vol.spec,
+            deadline - Instant::now()
+        );
+        while !conflicts.is_empty() {
+            std::thread::sleep(Duration::from_millis(250));
+            let view = vol.look().map_err(|e| e.to_string())?;
+            if let Some(e) = view
+                .live
+                .iter()
+                .find(|e| conflicts.iter().any(|c| c.tag == e.tag))
+            {
+                if e.seq
+                    != conflicts
+                        .iter()
+                        .find(|c| c.tag == e.tag)
+                        .map_or(e.seq, |c| c.seq)
+                {
+                    return Err(format!(
+                        "{}: gateway {} (host {}, pid {}) serves this image{}; {}",
+                        vol.spec,
+                        e.addr,
+                        e.host,
+                        e.pid,
+                        if e.alone { " alone" } else { "" },
+                        if ceph.alone() {
+                            "this gateway must serve it alone (its rbd cache is on); stop the other"
+                        } else {
+                            "stop it first"
+                        }
+                    ));
+                }
+            }
+            for e in view.expired {
+                if conflicts.iter().any(|c| c.tag == e.tag) {
+                    fence::fence_entry(vol, &e)?;
+                    conflicts.retain(|c| c.tag != e.tag);
+                }
+            }
+            if Instant::now() > deadline && !conflicts.is_empty() {
+                return Err(format!(
+                    "{}: the recorded gateways did not settle",
+                    vol.spec
+                ));
+            }
+        }
+    }
+    vol.watch_barrier()?;
+    vol.renew(portals).map_err(|e| {
+        format!(
+            "{}: writing this gateway's record in the image: {e}",
+            vol.spec
+        )
+    })?;
+    info!(
+        image = %vol.spec,
+        gateways = vol.live().len() + 1,
+        "joined the image's gateways"
+    );
+    Ok(())
+}
+
+/// Renews `vol`'s record every third of the lease and fences expired
+/// records, until the process stops.
+async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
+    let Some(started) = ceph.started.get() else {
+        return;
+    };
+    let period = ceph.lease() / 3;
+    loop {
+        tokio::time::sleep(period).await;
+        if ceph.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        if !ceph.serving.load(Ordering::SeqCst) {
+            continue;
+        }
+        let tag = ceph.current().tag;
+        let (v, portals) = (vol.clone(), started.portals.clone());
+        match tokio::task::spawn_blocking(move || v.tick(&portals)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.blocklisted() => ceph.lost(tag, format!("renewing the lease: {e}")),
+            Ok(Err(e)) => warn!("{}: renewing this gateway's lease: {e}", vol.spec),
+            Err(e) => warn!("lease task: {e}"),
+        }
+    }
+}
+
+/// This host's name, for records people read.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

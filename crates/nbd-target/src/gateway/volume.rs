@@ -1,0 +1,429 @@
+//! One RBD image served by this gateway: opened, checked, identified, and
+//! kept in the image's gateway registry; other gateways' portals and
+//! fencing their connections (`Peers`).
+
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use braid_proto::braid_ns::{ConnId, InstanceId};
+use braid_rbd::{Image, IoCtx, Watch};
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use super::lease::{self, Entry, Observed};
+use super::Ceph;
+use crate::export::{PeerFence, Peers};
+use crate::source::RbdSpec;
+
+/// The namespace of RBD volume identities (UUID version 5).
+const IDENTITY_NAMESPACE: Uuid = Uuid::from_u128(0x6272_6169_642d_4365_8870_6862_6420_7631);
+
+/// An RBD image as an export of this gateway.
+#[derive(Debug)]
+pub struct RbdVolume {
+    pub(crate) ceph: Arc<Ceph>,
+    /// The export's name here.
+    pub(super) export: String,
+    pub(super) spec: RbdSpec,
+    pub(super) read_only: bool,
+    pub(crate) size: u64,
+    /// The object map answers allocation without asking the OSDs.
+    pub(crate) fast_diff: bool,
+    pub(super) image_id: String,
+    identity: Uuid,
+    handle: RwLock<Handle>,
+    lease: Mutex<LeaseState>,
+}
+
+/// The open image of the current incarnation.
+#[derive(Debug)]
+pub(super) struct Handle {
+    pub io: Arc<IoCtx>,
+    pub image: Arc<Image>,
+    /// The barrier watch, for an image this gateway writes.
+    pub watch: Option<Watch>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseState {
+    seq: u64,
+    /// This incarnation's record key, once written.
+    own: Option<String>,
+    observed: Observed,
+    /// Other gateways alive at the last look.
+    live: Vec<Entry>,
+    /// Expired records that this user could not fence, already reported.
+    reported: Vec<u64>,
+}
+
+impl RbdVolume {
+    /// Opens `spec` for export `export` and checks that it can be served
+    /// as asked.
+    ///
+    /// # Errors
+    ///
+    /// No such pool, image or snapshot; no permission; or an image with
+    /// exclusive-lock asked to be written (the message says what to run).
+    pub fn open(
+        ceph: &Arc<Ceph>,
+        export: &str,
+        spec: &RbdSpec,
+        read_only: bool,
+        identity: Option<Uuid>,
+    ) -> Result<Arc<Self>, String> {
+        let read_only = read_only || spec.snap.is_some();
+        let inc = ceph.current();
+        let io = inc.cluster.ioctx(&spec.pool).map_err(|e| match e.errno {
+            libc::ENOENT => format!("{spec}: the cluster has no pool {:?}", spec.pool),
+            _ => format!("{spec}: {e}"),
+        })?;
+        let image =
+            Image::open(&io, &spec.image, spec.snap.as_deref(), read_only).map_err(|e| match e
+                .errno
+            {
+                libc::ENOENT => format!(
+                    "{spec}: no such image{} in pool {:?} (rbd -p {} ls lists them)",
+                    if spec.snap.is_some() {
+                        " or snapshot"
+                    } else {
+                        ""
+                    },
+                    spec.pool,
+                    spec.pool
+                ),
+                _ => format!("{spec}: {e}"),
+            })?;
+        let features = image.features().map_err(|e| format!("{spec}: {e}"))?;
+        if !read_only && features & braid_rbd::FEATURE_EXCLUSIVE_LOCK != 0 {
+            return Err(exclusive_lock_refusal(spec, features));
+        }
+        let size = image.size().map_err(|e| format!("{spec}: {e}"))?;
+        let image_id = image.id().map_err(|e| format!("{spec}: {e}"))?;
+        let identity = match identity {
+            Some(id) => id,
+            None => {
+                let fsid = inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?;
+                let mut name = format!("ceph:{fsid}/{}/{image_id}", io.pool_id());
+                if let Some(snap) = &spec.snap {
+                    let id = image.snap_id(snap).map_err(|e| format!("{spec}: {e}"))?;
+                    name.push_str(&format!("@{id}"));
+                }
+                Uuid::new_v5(&IDENTITY_NAMESPACE, name.as_bytes())
+            }
+        };
+        let vol = Arc::new(Self {
+            ceph: ceph.clone(),
+            export: export.to_owned(),
+            spec: spec.clone(),
+            read_only,
+            size,
+            fast_diff: features & braid_rbd::FEATURE_FAST_DIFF != 0,
+            image_id,
+            identity,
+            handle: RwLock::new(Handle {
+                io,
+                image: Arc::new(image),
+                watch: None,
+            }),
+            lease: Mutex::new(LeaseState::default()),
+        });
+        ceph.adopt(&vol);
+        Ok(vol)
+    }
+
+    /// The `x-braid:volume` identity: the same on every gateway of the
+    /// image (from the cluster's fsid, the pool's and the image's ids).
+    pub fn identity(&self) -> Uuid {
+        self.identity
+    }
+
+    /// How the export is described to clients and in logs.
+    pub fn describe(&self) -> String {
+        self.spec.to_string()
+    }
+
+    /// Whether this gateway writes the image, and so keeps a record in
+    /// its registry and can be fenced.
+    pub(crate) fn writes(&self) -> bool {
+        !self.read_only
+    }
+
+    /// Other gateways' portals and fencing, for an image this gateway
+    /// writes.
+    pub fn peers(self: &Arc<Self>) -> Option<Arc<dyn Peers>> {
+        self.writes().then(|| self.clone() as Arc<dyn Peers>)
+    }
+
+    pub(crate) fn image(&self) -> Arc<Image> {
+        self.read_handle().image.clone()
+    }
+
+    pub(crate) fn ioctx(&self) -> Arc<IoCtx> {
+        self.read_handle().io.clone()
+    }
+
+    fn read_handle(&self) -> std::sync::RwLockReadGuard<'_, Handle> {
+        self.handle.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replaces the image handle (and barrier watch) with one opened by a
+    /// new incarnation; the old one is returned for closing elsewhere.
+    pub(super) fn swap(&self, new: Handle) -> Handle {
+        let mut h = self.handle.write().unwrap_or_else(|p| p.into_inner());
+        let mut lease = self.lease();
+        lease.own = None;
+        std::mem::replace(&mut *h, new)
+    }
+
+    /// Opens this image again on `io` (a new incarnation's pool context).
+    pub(super) fn reopen(&self, io: Arc<IoCtx>) -> Result<Handle, String> {
+        let image = Image::open(
+            &io,
+            &self.spec.image,
+            self.spec.snap.as_deref(),
+            self.read_only,
+        )
+        .map_err(|e| format!("{}: {e}", self.spec))?;
+        let id = image.id().map_err(|e| format!("{}: {e}", self.spec))?;
+        if id != self.image_id {
+            return Err(format!(
+                "{}: the image was replaced (id {} is now {id}); restart braid serve",
+                self.spec, self.image_id
+            ));
+        }
+        Ok(Handle {
+            io,
+            image: Arc::new(image),
+            watch: None,
+        })
+    }
+
+    /// Starts watching the barrier object (an image this gateway writes);
+    /// a broken watch makes the gateway reconnect.
+    pub(crate) fn watch_barrier(self: &Arc<Self>) -> Result<(), String> {
+        let io = self.ioctx();
+        let ceph = Arc::downgrade(&self.ceph);
+        let me = Arc::downgrade(self);
+        let tag = self.ceph.current().tag;
+        let changed = move || {
+            if let Some(vol) = me.upgrade() {
+                if let Err(e) = vol.look() {
+                    warn!("{}: reading the gateway registry: {e}", vol.spec);
+                }
+            }
+        };
+        let broken = move |err| {
+            if let Some(ceph) = ceph.upgrade() {
+                ceph.lost(
+                    tag,
+                    format!(
+                        "the watch on the barrier object broke ({})",
+                        std::io::Error::from_raw_os_error(err)
+                    ),
+                );
+            }
+        };
+        let watch = super::barrier::watch(&io, &self.image_id, changed, broken)
+            .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))?;
+        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = Some(watch);
+        Ok(())
+    }
+
+    /// Writes (or renews) this incarnation's record.
+    pub(crate) fn renew(&self, portals: &[String]) -> braid_rbd::Result<()> {
+        let inc = self.ceph.current();
+        let (key, entry) = {
+            let mut l = self.lease();
+            l.seq += 1;
+            let key = lease::key(inc.tag);
+            let entry = Entry {
+                v: lease::VERSION,
+                tag: inc.tag,
+                addr: inc.addr.clone(),
+                gid: inc.gid,
+                portals: portals.to_vec(),
+                lease_ms: u64::try_from(self.ceph.lease().as_millis()).unwrap_or(u64::MAX),
+                seq: l.seq,
+                alone: self.ceph.alone(),
+                host: super::hostname(),
+                pid: std::process::id(),
+            };
+            (key, entry)
+        };
+        self.image().metadata_set(&key, &entry.to_json())?;
+        self.lease().own = Some(key);
+        Ok(())
+    }
+
+    /// Reads the registry: remembers the live gateways, and returns the
+    /// records whose lease ran out.
+    pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
+        let listed = self.image().metadata_list(lease::PREFIX)?;
+        let own = lease::key(self.ceph.current().tag);
+        let now = self.ceph.clock();
+        let mut l = self.lease();
+        let view = l.observed.update(now, &own, &listed);
+        l.live.clone_from(&view.live);
+        Ok(view)
+    }
+
+    /// One lease period's work: renew, look, fence what expired.
+    pub(crate) fn tick(&self, portals: &[String]) -> braid_rbd::Result<()> {
+        self.renew(portals)?;
+        let view = self.look()?;
+        for e in view.expired {
+            if !self.ceph.can_blocklist() {
+                let mut l = self.lease();
+                if !l.reported.contains(&e.tag) {
+                    l.reported.push(e.tag);
+                    warn!(
+                        "{}: the lease of gateway {} (host {}, pid {}) ran out, and this Ceph \
+                         user may not blocklist it; if it is gone, remove its record: rbd \
+                         image-meta remove {} {}",
+                        self.spec,
+                        e.addr,
+                        e.host,
+                        e.pid,
+                        self.spec,
+                        lease::key(e.tag)
+                    );
+                }
+                continue;
+            }
+            info!(
+                "{}: the lease of gateway {} (host {}, pid {}) ran out: fencing it",
+                self.spec, e.addr, e.host, e.pid
+            );
+            if let Err(why) = super::fence::fence_entry(self, &e) {
+                warn!("{}: {why}; trying again next period", self.spec);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes this incarnation's record (a clean stop, once every
+    /// connection drained).
+    pub(crate) fn leave(&self) {
+        let own = self.lease().own.take();
+        if let Some(key) = own {
+            if let Err(e) = self.image().metadata_remove(&key) {
+                warn!("{}: removing this gateway's record: {e}", self.spec);
+            }
+            super::barrier::announce(&self.ioctx(), &self.image_id);
+        }
+        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = None;
+    }
+
+    /// Other gateways' records seen alive at the last look.
+    pub(crate) fn live(&self) -> Vec<Entry> {
+        self.lease().live.clone()
+    }
+
+    fn lease(&self) -> MutexGuard<'_, LeaseState> {
+        self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a librbd error: a blocklisted client makes the gateway
+    /// reconnect as a new one.
+    pub(crate) fn check<T>(&self, r: braid_rbd::Result<T>) -> std::io::Result<T> {
+        r.map_err(|e| {
+            if e.blocklisted() {
+                self.ceph
+                    .lost(self.ceph.current().tag, format!("{}: {e}", self.spec));
+            }
+            e.into()
+        })
+    }
+}
+
+impl Peers for RbdVolume {
+    fn portals(&self) -> Vec<String> {
+        self.lease()
+            .live
+            .iter()
+            .flat_map(|e| e.portals.iter().cloned())
+            .collect()
+    }
+
+    fn instance(&self) -> Option<InstanceId> {
+        // Without a cache an acknowledged write is in the cluster: no
+        // gateway's restart can lose it, so every gateway reports the
+        // image's own instance and a path to another gateway (or to a
+        // restarted one) is no restart to the initiator. With the cache,
+        // this process holds acknowledged writes: its own instance.
+        (!self.ceph.caches())
+            .then(|| InstanceId(Uuid::new_v5(&self.identity, b"instance").as_u128()))
+    }
+
+    fn fence(&self, ids: Vec<ConnId>) -> PeerFence {
+        let me = self.ceph.volume(&self.export);
+        Box::pin(async move {
+            let Some(vol) = me else {
+                return Err("the export is gone".to_owned());
+            };
+            tokio::task::spawn_blocking(move || super::fence::fence_ids(&vol, &ids))
+                .await
+                .map_err(|e| format!("fence task: {e}"))?
+        })
+    }
+
+    fn admits(&self, id: ConnId) -> bool {
+        self.ceph.admits(id)
+    }
+}
+
+/// Why a writable export of an image with exclusive-lock is refused, and
+/// the command that makes it servable.
+fn exclusive_lock_refusal(spec: &RbdSpec, features: u64) -> String {
+    let needs_lock = [
+        (braid_rbd::FEATURE_JOURNALING, "journaling"),
+        (braid_rbd::FEATURE_FAST_DIFF, "fast-diff"),
+        (braid_rbd::FEATURE_OBJECT_MAP, "object-map"),
+        (braid_rbd::FEATURE_EXCLUSIVE_LOCK, "exclusive-lock"),
+    ];
+    let names: Vec<&str> = needs_lock
+        .iter()
+        .filter(|(bit, _)| features & bit != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    format!(
+        "{spec}: the image has the exclusive-lock feature, with which librbd hands the right to \
+         write from one client to the next, so gateways would take turns instead of all \
+         writing at once (and a stalled lock holder stops everyone until it is broken). braid \
+         serves such an image only --read-only. To serve it writable from any number of \
+         gateways, run `rbd feature disable {}/{} {}` while no client has it open",
+        spec.pool,
+        spec.image,
+        names.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_names_every_feature_to_disable_in_order() {
+        let spec: RbdSpec = "rbd/vol".parse().unwrap();
+        let all = braid_rbd::FEATURE_EXCLUSIVE_LOCK
+            | braid_rbd::FEATURE_OBJECT_MAP
+            | braid_rbd::FEATURE_FAST_DIFF
+            | 1; // layering
+        let m = exclusive_lock_refusal(&spec, all);
+        assert!(
+            m.contains("rbd feature disable rbd/vol fast-diff object-map exclusive-lock`"),
+            "{m}"
+        );
+        let m = exclusive_lock_refusal(&spec, braid_rbd::FEATURE_EXCLUSIVE_LOCK);
+        assert!(
+            m.contains("rbd feature disable rbd/vol exclusive-lock`"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn identities_are_version_5_uuids_of_the_names() {
+        let a = Uuid::new_v5(&IDENTITY_NAMESPACE, b"ceph:f/1/abc");
+        assert_eq!(a.get_version_num(), 5);
+        assert_ne!(a, Uuid::new_v5(&IDENTITY_NAMESPACE, b"ceph:f/2/abc"));
+    }
+}

@@ -1,0 +1,36 @@
+//! Safe bindings to the parts of Ceph's librados and librbd that braid's
+//! RBD gateway uses: a cluster connection ([`Cluster`]), a pool
+//! ([`IoCtx`]), watches and notifications on an object, blocklisting, and
+//! an image ([`Image`]) with synchronous and asynchronous I/O and its
+//! metadata.
+//!
+//! The raw declarations are generated at build time by bindgen from the
+//! headers of the library that is linked (Debian's librbd-dev and
+//! librados-dev), behind the `librbd` feature; without it this crate is
+//! empty, so that a workspace build needs no Ceph headers. Every `unsafe`
+//! call lives here, each with the invariant that makes it sound.
+//!
+//! Nothing here decides anything for braid: lease, fencing and gateway
+//! logic live in `braid-target`'s RBD backend.
+
+#[cfg(feature = "librbd")]
+mod error;
+#[cfg(feature = "librbd")]
+mod image;
+#[cfg(feature = "librbd")]
+mod rados;
+#[cfg(feature = "librbd")]
+mod sys;
+
+#[cfg(feature = "librbd")]
+pub use error::{Error, Result};
+#[cfg(feature = "librbd")]
+pub use image::{
+    Image, FEATURE_EXCLUSIVE_LOCK, FEATURE_FAST_DIFF, FEATURE_JOURNALING, FEATURE_OBJECT_MAP,
+};
+#[cfg(feature = "librbd")]
+pub use rados::{Cluster, ConnectOptions, IoCtx, Notification, NotifyOutcome, Watch};
+
+/// `EBLOCKLISTED`: what librados answers a client the OSDs were told to
+/// refuse (Ceph defines it as `ESHUTDOWN`).
+pub const EBLOCKLISTED: i32 = libc::ESHUTDOWN;
