@@ -30,6 +30,7 @@ fn main() {
         "iscsi-test-cu",
         "ceph-mon",
         "rbd",
+        "sysctl",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());

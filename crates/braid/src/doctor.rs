@@ -2,18 +2,18 @@
 //! `braid serve`) into what to check, runs the checks of `braid-doctor`,
 //! prints the report, and with `--apply` runs its fixes after asking.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::net::IpAddr;
 
 use anyhow::{Context, Result};
-use braid_doctor::{apply, render, ExportRef, Report, Root, ServeScope, Severity};
+use braid_doctor::{apply, render, ClientScope, ExportRef, Report, Root, ServeScope, Severity};
 use braid_target::portal::ListenSpec;
 
 use crate::cli::{DoctorArgs, Exit, UsageError};
-use crate::config::{self, ServeFile};
-use crate::control;
+use crate::config::{self, AttachFile, ServeFile};
 use crate::ctl::Status;
 use crate::out::{err, errln, out, outln};
+use crate::{control, multipath};
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
@@ -37,13 +37,27 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     };
     let config = args.config.as_deref().map(read_config).transpose()?;
     let serve = args.serve || matches!(config, Some(ConfigFile::Serve(_)));
+    if serve && matches!(config, Some(ConfigFile::Attach(_))) {
+        return Err(usage(
+            "--serve with an attach configuration: give a serve one",
+        ));
+    }
+    if root.is_host() {
+        // Before any thread exists: see braid_doctor::netns.
+        match braid_doctor::netns::own_sysfs() {
+            Ok(true) => tracing::debug!("mounted a sysfs of this network namespace"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                "/sys shows another network namespace's interfaces and cannot be remounted; \
+                 run braid doctor under `ip netns exec` for their speeds and queues"
+            ),
+        }
+    }
     let report = if serve {
         braid_doctor::serve::check(&root, &serve_scope(&args, &root, config)?)
     } else {
-        return Err(usage(
-            "this braid doctor checks a storage host: give --serve (the client's paths are not \
-             checked yet)",
-        ));
+        braid_doctor::client::check(&root, &client_scope(&args, &root, config)?)
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
@@ -63,7 +77,8 @@ pub fn run(args: DoctorArgs) -> Result<()> {
 }
 
 enum ConfigFile {
-    Serve(ServeFile),
+    Serve(Box<ServeFile>),
+    Attach(AttachFile),
 }
 
 /// A serve file has `[[export]]`s, an attach file `[[volume]]`s.
@@ -73,7 +88,10 @@ fn read_config(path: &std::path::Path) -> Result<ConfigFile> {
     let value: toml::Value =
         toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     if value.get("export").is_some() {
-        return Ok(ConfigFile::Serve(config::load(path)?));
+        return Ok(ConfigFile::Serve(Box::new(config::load(path)?)));
+    }
+    if value.get("volume").is_some() {
+        return Ok(ConfigFile::Attach(config::load(path)?));
     }
     Err(usage(format!(
         "{}: neither a serve configuration ([[export]]) nor an attach one ([[volume]])",
@@ -133,6 +151,38 @@ fn serve_scope(args: &DoctorArgs, root: &Root, file: Option<ConfigFile>) -> Resu
     Ok(scope)
 }
 
+fn client_scope(args: &DoctorArgs, root: &Root, file: Option<ConfigFile>) -> Result<ClientScope> {
+    let mut scope = ClientScope {
+        volumes: Vec::new(),
+        probe_budget: (root.is_host() && !args.no_probe)
+            .then_some(braid_doctor::client::PROBE_BUDGET),
+    };
+    match args.targets.as_slice() {
+        [] => {}
+        [uri] => scope.volumes.push(multipath::config(uri, &args.multipath)?),
+        more => {
+            return Err(usage(format!(
+                "one volume URI at a time ({} given); several volumes come from --config",
+                more.len()
+            )))
+        }
+    }
+    if let Some(ConfigFile::Attach(f)) = &file {
+        for v in &f.volumes {
+            scope
+                .volumes
+                .push(multipath::config(&v.uri, &v.multipath()?)?);
+        }
+    }
+    if scope.volumes.is_empty() && root.is_host() {
+        return Err(usage(
+            "give the volume whose paths to check (nbd://HOST/EXPORT or --config attach.toml), \
+             or --serve on a storage host",
+        ));
+    }
+    Ok(scope)
+}
+
 /// The exports and portal addresses of every `braid serve` running here.
 fn running_serve() -> Result<(Vec<ExportRef>, Vec<IpAddr>)> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -188,7 +238,12 @@ fn apply_fixes(report: &Report, yes: bool) -> Result<bool> {
         err!("Run these {} command(s)? [y/N] ", plan.len());
         let _ = std::io::stderr().flush();
         let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
+        let stdin = std::io::stdin();
+        stdin.lock().read_line(&mut answer)?;
+        if !stdin.is_terminal() {
+            // The answer came from a pipe and was not echoed.
+            errln!("{}", answer.trim());
+        }
         if !apply::is_yes(&answer) {
             errln!("nothing changed");
             return Ok(false);

@@ -32,11 +32,13 @@ impl fmt::Display for Severity {
 }
 
 /// What a finding is about. In JSON it is one string, e.g. `path 2
-/// (10.0.2.2%eth2 → 10.0.2.5:10809)`, `interface eth1`, `device md0`,
-/// `export vol`, `host`.
+/// (10.0.2.2%eth2 → 10.0.2.5:10809)`, `volume 10.0.1.5:10809/vol`,
+/// `interface eth1`, `device md0`, `export vol`, `host`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub enum Subject {
+    /// A volume, by its URI (`nbd://10.0.1.5:10809/vol`).
+    Volume(String),
     /// One path of a volume: its number and how it goes (`local → portal`).
     Path { index: usize, via: String },
     /// A network interface.
@@ -54,7 +56,7 @@ impl Subject {
     pub fn name(&self) -> String {
         match self {
             Self::Path { index, .. } => index.to_string(),
-            Self::Interface(n) | Self::Device(n) | Self::Export(n) => n.clone(),
+            Self::Volume(n) | Self::Interface(n) | Self::Device(n) | Self::Export(n) => n.clone(),
             Self::Host => String::new(),
         }
     }
@@ -65,6 +67,7 @@ impl fmt::Display for Subject {
         match self {
             Self::Path { index, via } if via.is_empty() => write!(f, "path {index}"),
             Self::Path { index, via } => write!(f, "path {index} ({via})"),
+            Self::Volume(n) => write!(f, "volume {n}"),
             Self::Interface(n) => write!(f, "interface {n}"),
             Self::Device(n) => write!(f, "device {n}"),
             Self::Export(n) => write!(f, "export {n}"),
@@ -90,6 +93,7 @@ impl FromStr for Subject {
             .split_once(' ')
             .ok_or_else(|| format!("subject {s:?}: expected `KIND NAME`"))?;
         match kind {
+            "volume" => Ok(Self::Volume(rest.to_owned())),
             "interface" => Ok(Self::Interface(rest.to_owned())),
             "device" => Ok(Self::Device(rest.to_owned())),
             "export" => Ok(Self::Export(rest.to_owned())),
@@ -286,6 +290,7 @@ mod tests {
                 index: 1,
                 via: String::new(),
             },
+            Subject::Volume("10.0.1.5:10809/vol".into()),
             Subject::Interface("eth1".into()),
             Subject::Device("md0".into()),
             Subject::Export("vol".into()),

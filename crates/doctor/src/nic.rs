@@ -227,6 +227,99 @@ pub fn check_bond(root: &Root, i: &Iface) -> Vec<Finding> {
     out
 }
 
+/// CPUs online (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
+pub fn cpus_online(root: &Root) -> Option<usize> {
+    let text = root.read("/sys/devices/system/cpu/online")?;
+    let mut n = 0;
+    for part in text.split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse().ok()?)? + 1,
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    Some(n)
+}
+
+/// How a NIC's receive work spreads over the CPUs: its interrupts
+/// (`/proc/interrupts`) and, with one receive queue, RPS
+/// (`queues/rx-0/rps_cpus`).
+pub fn check_irq(root: &Root, i: &Iface, cpus: usize) -> Vec<Finding> {
+    if !i.physical || cpus < 2 {
+        return Vec::new();
+    }
+    let subject = Subject::Interface(i.name.clone());
+    let mut out = Vec::new();
+    let interrupts = root.read_raw("/proc/interrupts").unwrap_or_default();
+    if let Some((per_cpu, lines)) = parse::interrupts_of(&interrupts, &i.name) {
+        let total: u64 = per_cpu.iter().sum();
+        let (busiest, most) = per_cpu
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by_key(|(_, c)| *c)
+            .unwrap_or((0, 0));
+        let shown: Vec<String> = per_cpu
+            .iter()
+            .enumerate()
+            .map(|(c, n)| format!("CPU{c} {n}"))
+            .collect();
+        let mut f = Finding::ok(
+            "irq-spread",
+            subject.clone(),
+            format!("{}'s interrupts are spread over the CPUs", i.name),
+        )
+        .read(
+            "/proc/interrupts",
+            format!("{lines} line(s) of {}: {}", i.name, shown.join(", ")),
+        );
+        // Only once there is enough to judge by.
+        if total >= 10_000 && most * 10 >= total * 9 {
+            f.severity = Severity::Warn;
+            f.why = format!(
+                "{:.0}% of {}'s interrupts land on CPU{busiest}: the receive work of every                  path through it waits for one core, which at high rates becomes the limit",
+                most as f64 * 100.0 / total as f64,
+                i.name
+            );
+            f = f.fix(Fix::Manual(format!(
+                "spread {}'s interrupts: run irqbalance, or write CPU masks to                  /proc/irq/N/smp_affinity for its lines",
+                i.name
+            )));
+        }
+        out.push(f);
+    }
+    let queues: Vec<String> = root
+        .list(&format!("{}/queues", i.sys))
+        .into_iter()
+        .filter(|q| q.starts_with("rx-"))
+        .collect();
+    if let [only] = queues.as_slice() {
+        let path = format!("{}/queues/{only}/rps_cpus", i.sys);
+        if let Some(mask) = root.read(&path) {
+            let set = parse::cpumask(&mask).unwrap_or_default();
+            let mut f = Finding::ok(
+                "rps",
+                subject,
+                format!("one receive queue, spread over {} CPUs by RPS", set.len()),
+            )
+            .read(&path, mask.clone());
+            if set.len() < 2 {
+                let all = (1u64 << cpus.min(63)) - 1;
+                f.severity = Severity::Warn;
+                f.why = format!(
+                    "{} has one receive queue and RPS is off: one CPU takes every packet of                      every path through it",
+                    i.name
+                );
+                f = f.fix(Fix::Run(format!("echo {all:x} > {path}")));
+            }
+            out.push(f);
+        }
+    }
+    out
+}
+
 /// The sysfs mode name for a `Bonding Mode:` line.
 fn mode_from_proc(text: &str) -> String {
     let name = match text {

@@ -78,11 +78,13 @@ pub fn check_nics(root: &Root, only: &[String]) -> Vec<Finding> {
     for n in names.clone() {
         names.extend(nic::bond_slaves(root, &n));
     }
+    let cpus = nic::cpus_online(root).unwrap_or(1);
     let mut out = Vec::new();
     for n in &names {
         if let Some(i) = nic::read(root, n) {
             out.extend(nic::check_bond(root, &i));
             out.extend(nic::check_link(&i));
+            out.extend(nic::check_irq(root, &i, cpus));
         }
     }
     out

@@ -263,3 +263,55 @@ fn a_healthy_host_gives_no_warning() {
         );
     }
 }
+
+#[test]
+fn kernel_path_nbd_timeouts_dm_multipath_and_nic_interrupts() {
+    use braid_doctor::client::{self, ClientScope};
+    let r = client::check(
+        &Root::at(fixture("kernel-path")),
+        &ClientScope {
+            volumes: Vec::new(),
+            probe_budget: None,
+        },
+    );
+    // The module is there to load.
+    let m = found(&r, "nbd-module", Subject::Host);
+    assert_eq!(m.severity, Severity::Ok);
+    assert!(m.why.contains("modprobe nbd"), "{}", m.why);
+    // nbd0 gives up after 30 s, before braid's default 60 s no-path wait.
+    let t = found(&r, "nbd-timeout", Subject::Device("nbd0".into()));
+    assert_eq!(t.severity, Severity::Fail);
+    assert!(t
+        .evidence
+        .iter()
+        .any(|e| e.source == "/proc/4242/cmdline" && e.value.ends_with("-timeout 30")));
+    assert_eq!(
+        t.fix.as_ref().unwrap().runnable(),
+        Some("echo 90000 > /sys/block/nbd0/queue/io_timeout")
+    );
+    assert_eq!(
+        found(&r, "nbd-timeout", Subject::Device("nbd1".into())).severity,
+        Severity::Ok
+    );
+    // nbd1 is also a path of a dm-multipath map.
+    let mp = found(&r, "dm-multipath", Subject::Device("nbd1".into()));
+    assert_eq!(mp.severity, Severity::Warn);
+    assert_eq!(
+        value(mp, "kernel-path", "/sys/block/dm-3/dm/uuid"),
+        "mpath-36001405e2f3c9a41b2d4d1b8c0f1a2b3"
+    );
+    // eth0's interrupts all on CPU0; eth1 has one queue and no RPS.
+    let irq = found(&r, "irq-spread", Subject::Interface("eth0".into()));
+    assert_eq!(irq.severity, Severity::Warn);
+    assert!(irq.why.contains("CPU0"), "{}", irq.why);
+    let rps = found(&r, "rps", Subject::Interface("eth1".into()));
+    assert_eq!(rps.severity, Severity::Warn);
+    assert_eq!(
+        rps.fix.as_ref().unwrap().runnable(),
+        Some("echo f > /sys/class/net/eth1/queues/rx-0/rps_cpus")
+    );
+    assert_eq!(
+        found(&r, "irq-spread", Subject::Interface("eth1".into())).severity,
+        Severity::Ok
+    );
+}

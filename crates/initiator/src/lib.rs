@@ -22,6 +22,6 @@ pub use engine::{IoError, Op};
 pub use pathrule::{PathAttrs, PathRule};
 pub use uri::{Endpoint, NbdUri};
 pub use volume::{
-    Done, OpenError, PathFigures, PolicyError, ReplayReport, Volume, VolumeConfig, VolumeInfo,
-    VolumeReport,
+    plan, Done, OpenError, PathFigures, Plan, PolicyError, ReplayReport, Volume, VolumeConfig,
+    VolumeInfo, VolumeReport,
 };

@@ -10,8 +10,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cmd::{self, run_ok, tool, ChildGuard};
-use crate::config::{check_name, Cut, LabConfig, Rate, Shaping, Side, MAX_PATHS};
+use crate::config::{check_name, Addressing, Cut, LabConfig, Rate, Shaping, Side, MAX_PATHS};
 use crate::counters::{parse_net_dev, Counters};
+use crate::delay::Delay;
 use crate::netns;
 use crate::topo::{self, LabSpec, PathInfo};
 use crate::LabError;
@@ -251,6 +252,84 @@ impl Lab {
         self.rates()[index - 1] = rate;
         tracing::info!(lab = %self.spec.tag, path = index, %rate, "rate set");
         Ok(())
+    }
+
+    /// Delays every packet that `side` sends on path `index` by `delay`,
+    /// until the returned guard is dropped: the path's round trip grows by
+    /// `delay` for every protocol, and its rate stays shaped (see
+    /// `delay.rs` for how, on a kernel without netem). Split addressing
+    /// only; a socket bound to the path's device (SO_BINDTODEVICE) is not
+    /// routed through the delay.
+    ///
+    /// # Errors
+    /// [`LabError::NoSuchPath`]; [`LabError::InvalidConfig`] for another
+    /// addressing; [`LabError::Io`] / [`LabError::Command`] if the device or
+    /// its route cannot be made.
+    pub fn delay(&self, index: usize, side: Side, delay: Duration) -> Result<Delay, LabError> {
+        let p = self.path_ref(index)?;
+        if self.spec.addressing != Addressing::Split {
+            return Err(LabError::InvalidConfig {
+                reason: format!(
+                    "a delay needs split addressing (this lab's is {})",
+                    self.spec.addressing
+                ),
+            });
+        }
+        let peer = match side {
+            Side::Client => Side::Storage,
+            Side::Storage => Side::Client,
+        };
+        let link = |side: Side| {
+            run_ok(
+                tool(
+                    "ip",
+                    [
+                        "-n",
+                        self.ns(side),
+                        "-o",
+                        "link",
+                        "show",
+                        "dev",
+                        p.iface(side),
+                    ],
+                ),
+                None,
+            )
+        };
+        let peer_link = link(peer)?;
+        let peer_mac = peer_link
+            .split_once("link/ether ")
+            .and_then(|(_, r)| crate::delay::parse_mac(r.split_whitespace().next()?))
+            .ok_or_else(|| LabError::Parse {
+                what: format!("`ip link show {}`", p.iface(peer)),
+                detail: "no link/ether address".into(),
+            })?;
+        let own_link = link(side)?;
+        let mtu = own_link
+            .split_once(" mtu ")
+            .and_then(|(_, r)| r.split_whitespace().next()?.parse::<u32>().ok())
+            .unwrap_or(1500);
+        let tun = format!("brd{index}");
+        let guard = crate::delay::start(crate::delay::Line {
+            ns: self.ns(side).to_owned(),
+            tun: tun.clone(),
+            veth: p.iface(side).to_owned(),
+            peer_mac,
+            delay,
+        })?;
+        self.ip(
+            side,
+            &[
+                format!("link set {tun} up mtu {mtu}"),
+                format!(
+                    "route replace {}/32 dev {tun} src {} congctl cubic",
+                    p.addr(peer),
+                    p.addr(side)
+                ),
+            ],
+        )?;
+        tracing::info!(lab = %self.spec.tag, path = index, ?side, ?delay, "delay added");
+        Ok(guard)
     }
 
     /// Starts `cmd` inside one side's namespace. The caller's stdio, env

@@ -29,6 +29,7 @@
 mod cmd;
 mod config;
 mod counters;
+mod delay;
 mod error;
 mod iperf;
 mod lab;
@@ -38,6 +39,7 @@ mod topo;
 pub use cmd::{ChildGuard, STOP_GRACE};
 pub use config::{Addressing, Cut, LabConfig, Rate, Shaping, Side, MAX_PATHS};
 pub use counters::Counters;
+pub use delay::Delay;
 pub use error::LabError;
 pub use lab::Lab;
 pub use topo::{LabSpec, PathInfo, TBF_LATENCY_MS, TBF_MIN_BURST, TBF_MPU, TBF_OVERHEAD};

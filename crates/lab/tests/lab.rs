@@ -569,3 +569,73 @@ fn up_removes_leftovers_of_dead_runs() {
     assert!(netns_list().contains(lab.ns(Side::Client)));
     drop(other);
 }
+
+/// The smallest round trip the kernel saw on a TCP connection, in µs.
+fn min_rtt_us(s: &TcpStream) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the zeroed struct.
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO");
+    // SAFETY: zeroed and filled by the kernel; plain integers.
+    unsafe { info.assume_init() }.tcpi_min_rtt
+}
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "ip",
+    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[cfg_attr(
+    braid_skip = "tc",
+    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_delay_lengthens_one_path_round_trip_and_ends_with_its_guard() {
+    if !braid_lab::require_or_skip("a_delay_lengthens_one_path_round_trip") {
+        return;
+    }
+    let lab = up_lab(&["100mbit", "100mbit"], Addressing::Split);
+    let delay = Duration::from_millis(20);
+    let guard = lab.delay(1, Side::Storage, delay).unwrap();
+    let rtt = |index: usize| {
+        let listener = listen(&lab, lab.path(index).unwrap().storage_addr);
+        let stream = connect(
+            &lab,
+            None,
+            None,
+            storage_port(&lab, index, &listener),
+            CONNECT_TIMEOUT,
+        )
+        .unwrap();
+        let kept = stream.try_clone().unwrap();
+        // Data still arrives whole, both ways, through the delay line.
+        exchange(&listener, stream);
+        min_rtt_us(&kept)
+    };
+    // A packet held for 20 ms cannot come back sooner: this bound is what
+    // the delay guarantees, not a measure of speed.
+    let delayed = rtt(1);
+    assert!(
+        delayed >= 20_000,
+        "path 1 round trip {delayed} µs with a 20 ms delay"
+    );
+    let other = rtt(2);
+    assert!(other < 20_000, "path 2 is not delayed, yet {other} µs");
+    drop(guard);
+    let after = rtt(1);
+    assert!(after < 20_000, "the delay outlived its guard: {after} µs");
+    lab.down().unwrap();
+}

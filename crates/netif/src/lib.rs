@@ -1,12 +1,19 @@
 //! This host's network interfaces and their addresses (`getifaddrs`), so a
 //! target can serve on an interface and an initiator can bind a path to
-//! one and pair it with the portals in its subnet.
+//! one and pair it with the portals in its subnet; and, for `braid doctor`,
+//! what the kernel says of them over rtnetlink and ethtool: links
+//! ([`link`]), the route it really uses ([`route`]), shaping ([`qdisc`]),
+//! offloads ([`ethtool`]).
 
 use std::ffi::CStr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+pub mod ethtool;
 pub mod link;
+mod nl;
+pub mod qdisc;
 pub mod reach;
+pub mod route;
 
 /// One address of one interface.
 #[derive(Clone, Debug, PartialEq, Eq)]

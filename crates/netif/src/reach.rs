@@ -237,6 +237,7 @@ mod tests {
                 link_type: 1,
                 kind: Some("bridge".into()),
                 master: None,
+                ..Link::default()
             },
             Link {
                 index: 7,
@@ -244,6 +245,7 @@ mod tests {
                 link_type: 1,
                 kind: Some("veth".into()),
                 master: Some(3),
+                ..Link::default()
             },
         ];
         let port = IfaceKind::of(&links, "vethc0");

@@ -66,8 +66,9 @@ pub struct Wire {
     pub last_ack: Duration,
 }
 
-/// Reads `TCP_INFO` of a socket.
-fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
+/// The kernel's `TCP_INFO` of a socket, as it returns it; `None` if the
+/// descriptor is not a TCP socket.
+pub fn tcp_info_raw(fd: std::os::fd::RawFd) -> Option<libc::tcp_info> {
     let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: getsockopt writes at most `len` bytes into `info`, which is
@@ -81,12 +82,14 @@ fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
             &mut len,
         )
     };
-    if rc != 0 {
-        return None;
-    }
     // SAFETY: zero-initialised and (partly) filled by the kernel; every
     // field is a plain integer.
-    let info = unsafe { info.assume_init() };
+    (rc == 0).then(|| unsafe { info.assume_init() })
+}
+
+/// Reads `TCP_INFO` of a socket.
+fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
+    let info = tcp_info_raw(fd)?;
     let min_rtt = (info.tcpi_min_rtt != 0 && info.tcpi_min_rtt != u32::MAX)
         .then(|| Duration::from_micros(u64::from(info.tcpi_min_rtt)));
     Some(Wire {

@@ -8,6 +8,7 @@
 
 mod admin;
 mod core;
+mod plan;
 mod recover;
 mod replay;
 
@@ -23,15 +24,16 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn, Instrument};
 
 use crate::conn::ConnectError;
-use crate::discover::{self, Expect, LocalSpec};
+use crate::discover::{Expect, LocalSpec};
 use crate::engine::{Engine, EngineConfig, IoError, Op, PathId, PathReport};
 use crate::pathrule::PathRule;
-use crate::uri::{Endpoint, NbdUri};
+use crate::uri::NbdUri;
 
+use self::admin::path_configs;
 pub use self::admin::PolicyError;
-use self::admin::{path_configs, with_rules};
 pub use self::core::Done;
 use self::core::{Core, PathIo, Shared};
+pub use self::plan::{plan, Plan};
 
 /// How to open a volume.
 #[derive(Clone, Debug)]
@@ -202,70 +204,11 @@ impl Volume {
     }
 
     async fn open_in(cfg: VolumeConfig, span: tracing::Span) -> Result<Self, OpenError> {
-        let locals = discover::resolve_locals(&with_rules(&cfg)).map_err(OpenError::Usage)?;
-        let tls =
-            match (&cfg.tls, cfg.uri.tls) {
-                (Some(config), _) => {
-                    let name =
-                        tokio_rustls::rustls::pki_types::ServerName::try_from(cfg.uri.host.clone())
-                            .map_err(|e| {
-                                OpenError::Usage(format!(
-                                    "{:?} cannot be checked by TLS: {e}",
-                                    cfg.uri.host
-                                ))
-                            })?;
-                    Some(crate::conn::TlsClient {
-                        connector: tokio_rustls::TlsConnector::from(config.clone()),
-                        name,
-                    })
-                }
-                (None, true) => return Err(OpenError::Usage(
-                    "nbds:// needs TLS settings: give --tls-ca (and --tls-cert/--tls-key if the \
-                     server checks clients)"
-                        .into(),
-                )),
-                (None, false) => None,
-            };
-        // Ask from the first local binding that reaches the portal (an
-        // allow-list may admit only the addresses paths are bound to).
-        let first_local = match &cfg.uri.endpoint {
-            Endpoint::Tcp(_) => discover::pair(&locals, std::slice::from_ref(&cfg.uri.endpoint))
-                .into_iter()
-                .next()
-                .map(|p| p.local)
-                .unwrap_or_default(),
-            Endpoint::Unix(_) => Default::default(),
-        };
-        let d = discover::discover(
-            &cfg.uri.endpoint,
-            &first_local,
-            &cfg.uri.export,
-            cfg.connect_timeout,
-            tls.as_ref(),
-        )
-        .await?;
-        let mut portals: Vec<Endpoint> = match (&cfg.uri.endpoint, cfg.portals.is_empty()) {
-            (Endpoint::Unix(_), _) => vec![cfg.uri.endpoint.clone()],
-            (_, false) => cfg.portals.iter().copied().map(Endpoint::Tcp).collect(),
-            (_, true) if !d.portals.is_empty() => {
-                d.portals.iter().copied().map(Endpoint::Tcp).collect()
-            }
-            _ => vec![cfg.uri.endpoint.clone()],
-        };
-        // A portal named by a --path joins those in use; it never narrows
-        // them (--portal does).
-        if !matches!(cfg.uri.endpoint, Endpoint::Unix(_)) {
-            for p in cfg.paths.iter().filter_map(|r| r.portal) {
-                if !portals.contains(&Endpoint::Tcp(p)) {
-                    portals.push(Endpoint::Tcp(p));
-                }
-            }
-        }
-        let specs = if matches!(cfg.uri.endpoint, Endpoint::Unix(_)) {
-            discover::pair(&[], &portals)
-        } else {
-            discover::pair(&locals, &portals)
-        };
+        let Plan {
+            discovery: d,
+            paths: specs,
+            tls,
+        } = plan(&cfg).await?;
         let configs = path_configs(&cfg.paths, &specs).map_err(OpenError::Usage)?;
         let multi = d.export.flags.can_multi_conn();
         let spreading = specs.len() > 1 || cfg.connections_per_path.unwrap_or(1) > 1;
