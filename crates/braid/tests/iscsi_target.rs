@@ -375,7 +375,8 @@ fn a_stopping_server_asks_each_session_to_log_out_first() {
     assert_eq!(polite.logout(), 0, "logged out");
     assert!(
         silent.closed_within(Duration::from_secs(10)),
-        "a session that does not log out is closed after the grace"
+        "a session that does not log out is closed after the grace:\n{}",
+        serve.log()
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while serve.alive() {

@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::access::{allowed, Network};
 use crate::backend::Backend;
 use crate::forward::Forward;
+use crate::rangelock::RangeLock;
 
 /// Where an export's requests are carried out.
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub struct Export {
     /// Other servers of the same export (the gateways of one Ceph image),
     /// when there can be any.
     pub peers: Option<Arc<dyn Peers>>,
+    /// Writers in flight by range, whatever protocol they came by:
+    /// COMPARE AND WRITE holds its range alone (see [`RangeLock`]).
+    pub writes: RangeLock,
 }
 
 /// A fence of another server's connections, under way.
@@ -85,6 +89,7 @@ impl Export {
             volume,
             allow: Vec::new(),
             peers: None,
+            writes: RangeLock::default(),
         }
     }
 

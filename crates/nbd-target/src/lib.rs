@@ -18,6 +18,7 @@ mod hold;
 pub mod identity;
 pub mod iscsi;
 pub mod portal;
+pub mod rangelock;
 pub mod registry;
 mod server;
 pub mod source;

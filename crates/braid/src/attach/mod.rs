@@ -162,6 +162,7 @@ async fn serve(
         volume: identity,
         allow: Vec::new(),
         peers: None,
+        writes: Default::default(),
     });
     let tcp: Vec<Portal> = spec
         .tcp

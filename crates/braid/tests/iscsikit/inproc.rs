@@ -1,6 +1,7 @@
-//! `braid serve --iscsi`'s server run inside the test process, so that a
-//! test can reach its controls: the hold hook that keeps an initiator's
-//! commands from the backend, and the ALUA states.
+//! `braid serve --iscsi` run inside the test process (iSCSI and NBD on
+//! the same export), so that a test can reach its controls: the hold
+//! hook that keeps an initiator's commands from the backend, the pause
+//! inside COMPARE AND WRITE, the ALUA states.
 
 use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use braid_target::backend::FileBackend;
 use braid_target::iscsi::{IscsiConfig, IscsiHandle, IscsiServer};
 use braid_target::portal::Portal;
-use braid_target::{Export, Exports};
+use braid_target::{Export, Exports, Limits, Target};
 use tokio::sync::watch;
 
 /// A server with one export, `vol` (16 MiB of memory), on the loopback
@@ -17,6 +18,8 @@ use tokio::sync::watch;
 pub struct InProcess {
     pub handle: IscsiHandle,
     pub portals: Vec<SocketAddr>,
+    /// The NBD portal on the first address.
+    pub nbd: SocketAddr,
     pub export: Arc<Export>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -51,17 +54,28 @@ impl InProcess {
                 let server = IscsiServer::bind(&portals, &exports, &IscsiConfig::default())
                     .await
                     .expect("bind the iSCSI portals");
-                tx.send((server.handle(), server.local_addrs()))
+                let nbd = Target::bind(exports, &portals[..1], Limits::default())
+                    .expect("bind the NBD portal");
+                let nbd_addr = nbd.local_addrs()[0];
+                let nbd_stop = nbd.stop_handle();
+                tx.send((server.handle(), server.local_addrs(), nbd_addr))
                     .expect("the test waits");
-                server.run(stopped).await;
+                let mut watching = stopped.clone();
+                tokio::spawn(async move {
+                    let _ = watching.wait_for(|s| *s).await;
+                    nbd_stop.stop();
+                });
+                let (_, nbd_done) = tokio::join!(server.run(stopped), nbd.run());
+                nbd_done.expect("the NBD server ran");
             });
         });
-        let (handle, portals) = rx
+        let (handle, portals, nbd) = rx
             .recv_timeout(Duration::from_secs(10))
             .expect("the server started");
         InProcess {
             handle,
             portals,
+            nbd,
             export,
             stop,
             thread: Some(thread),

@@ -53,6 +53,14 @@ pub enum Command {
         unmap: bool,
         no_data: bool,
     },
+    /// COMPARE AND WRITE: the data-out buffer holds `blocks` blocks to
+    /// compare with the medium, then `blocks` blocks to write if they
+    /// matched.
+    CompareAndWrite {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
     /// GET LBA STATUS (SERVICE ACTION IN, service action 0x12).
     GetLbaStatus {
         lba: u64,
@@ -226,6 +234,14 @@ impl Command {
                     no_data: opcode == 0x93 && cdb[1] & 0x01 != 0,
                 }
             }
+            0x89 => {
+                protect(cdb)?;
+                Command::CompareAndWrite {
+                    lba: be64(&cdb[2..10]),
+                    blocks: u32::from(cdb[13]),
+                    fua: fua(cdb),
+                }
+            }
             0x9e if cdb[1] & 0x1f == 0x12 => Command::GetLbaStatus {
                 lba: be64(&cdb[2..10]),
                 alloc: be32(&cdb[10..14]),
@@ -261,6 +277,9 @@ impl Command {
     pub fn data_out_len(&self, block: u32) -> Option<u64> {
         match *self {
             Command::Write { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
+            Command::CompareAndWrite { blocks, .. } => {
+                Some(2 * u64::from(blocks) * u64::from(block))
+            }
             Command::WriteSame { no_data: false, .. } => Some(u64::from(block)),
             Command::Unmap { param_len } => Some(u64::from(param_len)),
             _ => None,

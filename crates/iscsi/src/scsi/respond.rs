@@ -37,6 +37,9 @@ const VENDOR: &[u8; 8] = b"BRAID   ";
 const PRODUCT: &[u8; 16] = b"multipath volume";
 const REVISION: &[u8; 4] = b"0001";
 
+/// Most blocks one COMPARE AND WRITE may cover (VMware's ATS uses one).
+pub const MAX_COMPARE_AND_WRITE_BLOCKS: u32 = 1;
+
 /// VPD pages this unit answers, in the order page 0x00 lists them.
 pub const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
 
@@ -190,7 +193,7 @@ impl Unit {
     fn block_limits(&self) -> Vec<u8> {
         let mut p = vec![0u8; 0x3c];
         p[0] = 0x01; // WSNZ: WRITE SAME must name how many blocks
-        p[1] = 1; // maximum COMPARE AND WRITE length, in blocks
+        p[1] = MAX_COMPARE_AND_WRITE_BLOCKS as u8;
         p[4..8].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());
         p[8..12].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());
         if self.thin {

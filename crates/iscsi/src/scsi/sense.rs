@@ -26,12 +26,15 @@ pub enum Key {
     Miscompare = 0xe,
 }
 
-/// A sense key with its additional sense code and qualifier.
+/// A sense key with its additional sense code and qualifier, and the
+/// INFORMATION field when the condition names a place (the offset of the
+/// first byte that differed, after a miscompare).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sense {
     pub key: Key,
     pub asc: u8,
     pub ascq: u8,
+    pub information: Option<u32>,
 }
 
 impl Sense {
@@ -47,13 +50,30 @@ impl Sense {
     pub const POWER_ON_RESET: Sense = Sense::new(Key::UnitAttention, 0x29, 0x00);
 
     pub const fn new(key: Key, asc: u8, ascq: u8) -> Self {
-        Self { key, asc, ascq }
+        Self {
+            key,
+            asc,
+            ascq,
+            information: None,
+        }
+    }
+
+    /// The same condition, naming `information`.
+    pub const fn with_information(self, information: u32) -> Self {
+        Self {
+            information: Some(information),
+            ..self
+        }
     }
 
     /// Fixed-format sense data: 18 bytes.
     pub fn fixed(&self) -> [u8; 18] {
         let mut s = [0u8; 18];
         s[0] = 0x70; // current error, fixed format
+        if let Some(info) = self.information {
+            s[0] |= 0x80; // VALID: the INFORMATION field means something
+            s[3..7].copy_from_slice(&info.to_be_bytes());
+        }
         s[2] = self.key as u8;
         s[7] = 10; // additional sense length: bytes 8..18
         s[12] = self.asc;
@@ -85,5 +105,12 @@ mod tests {
         let seg = Sense::LBA_OUT_OF_RANGE.iscsi_segment();
         assert_eq!(&seg[..2], &[0, 18]);
         assert_eq!((seg[2 + 2], seg[2 + 12]), (0x05, 0x21));
+    }
+
+    #[test]
+    fn a_miscompare_names_the_first_byte_that_differed() {
+        let s = Sense::MISCOMPARE.with_information(37).fixed();
+        assert_eq!(&s[..8], &[0xf0, 0, 0x0e, 0, 0, 0, 37, 10]);
+        assert_eq!((s[12], s[13]), (0x1d, 0x00));
     }
 }

@@ -595,6 +595,13 @@ impl Reader {
                     unreachable!("forwarded exports are dispatched above");
                 };
                 let started = std::time::Instant::now();
+                // Writes hold their range beside each other, but never
+                // while an iSCSI COMPARE AND WRITE holds it.
+                let _range = matches!(
+                    req.command,
+                    Command::Write | Command::WriteZeroes | Command::Trim
+                )
+                .then(|| export.writes.shared(req.offset, u64::from(req.length)));
                 let reply = execute::execute(backend, &style, &req, payload);
                 if reply.cut {
                     warn!(

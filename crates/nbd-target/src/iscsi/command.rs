@@ -17,7 +17,7 @@ use braid_iscsi::negotiate::Params;
 use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::{Command, Delivery, Key, Sense};
+use braid_iscsi::scsi::{check_range, Command, Delivery, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
 use bytes::Bytes;
 use tokio::sync::{Notify, Semaphore};
@@ -211,6 +211,14 @@ impl Commands {
         // parameter list's size.
         let checked = match cmd {
             Command::Write { lba, blocks, .. } => unit::transfer_len(&self.lun.unit, lba, blocks),
+            Command::CompareAndWrite { blocks, .. }
+                if blocks > respond::MAX_COMPARE_AND_WRITE_BLOCKS =>
+            {
+                Err(Sense::INVALID_FIELD_IN_CDB)
+            }
+            Command::CompareAndWrite { lba, blocks, .. } => {
+                check_range(lba, blocks, self.lun.unit.blocks).map(|()| wanted as u32)
+            }
             _ if wanted > 65_536 => Err(Sense::PARAMETER_LIST_LENGTH),
             _ => Ok(wanted as u32),
         };
@@ -230,6 +238,12 @@ impl Commands {
                     cdb_bytes,
                     total,
                 )),
+                // Compare and write data must come exactly as the CDB
+                // says (SBC-4 5.3); a length the CDB cannot name (256
+                // blocks and more wrap to 0) is caught here too.
+                Command::CompareAndWrite { .. } if expected != cdb_bytes => {
+                    Err(Sense::INVALID_FIELD_IN_CDB)
+                }
                 _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
                 _ => Err(Sense::PARAMETER_LIST_LENGTH),
             }

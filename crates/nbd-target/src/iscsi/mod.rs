@@ -10,6 +10,7 @@
 mod command;
 mod conn;
 mod lu;
+mod media;
 mod out;
 mod ports;
 mod sessions;

@@ -1,11 +1,13 @@
-//! SCSI commands carried out on an export's backend: the LUN behind an
-//! iSCSI target.
+//! The LUN behind an iSCSI target: how SCSI describes the export, and
+//! which commands it answers (those that touch the medium are in
+//! [`super::media`]).
 
 use std::sync::Arc;
 
-use braid_iscsi::scsi::cdb::unmap_ranges;
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::{alua, check_range, Command, PortGroup, Sense};
+
+use super::media;
 
 use crate::backend::Backend;
 use crate::export::{Export, Storage};
@@ -52,24 +54,10 @@ pub fn describe(export: &Export, target: &str, tag: u16) -> Unit {
     }
 }
 
-fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
+pub(crate) fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
     match &export.storage {
         Storage::Local(b) => Some(b.clone()),
         Storage::Forwarded(_) => None,
-    }
-}
-
-/// Runs a blocking backend call off the async threads when it may block.
-async fn call<T: Send + 'static>(
-    b: Arc<dyn Backend>,
-    f: impl FnOnce(&dyn Backend) -> T + Send + 'static,
-) -> T {
-    if b.blocking() {
-        tokio::task::spawn_blocking(move || f(b.as_ref()))
-            .await
-            .expect("backend call panicked")
-    } else {
-        f(b.as_ref())
     }
 }
 
@@ -107,21 +95,32 @@ pub fn answer_other_lun(unit: &Unit, cmd: Command) -> Outcome {
 /// Carries out `cmd` on LUN 0; `data` is a WRITE's data, gathered;
 /// `groups` the target port groups as they stand.
 pub async fn execute(
-    export: &Export,
+    export: &Arc<Export>,
     unit: &Unit,
     cmd: Command,
     data: Option<Vec<u8>>,
     groups: impl FnOnce() -> Vec<PortGroup>,
 ) -> Outcome {
-    let Some(b) = backend(export) else {
+    if backend(export).is_none() {
         return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
-    };
+    }
+    let writes = matches!(
+        cmd,
+        Command::Write { .. }
+            | Command::WriteSame { .. }
+            | Command::Unmap { .. }
+            | Command::CompareAndWrite { .. }
+    );
+    if writes && unit.read_only {
+        return Outcome::Check(Sense::WRITE_PROTECTED);
+    }
     match cmd {
         Command::TestUnitReady => Outcome::Good(Vec::new()),
         Command::Inquiry { vpd, alloc } => result(unit.inquiry(vpd, alloc)),
         Command::RequestSense { alloc } => Outcome::Good(respond::request_sense(None, alloc)),
         Command::ReadCapacity10 => Outcome::Good(unit.read_capacity10()),
         Command::ReadCapacity16 { alloc } => Outcome::Good(unit.read_capacity16(alloc)),
+        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
         Command::ModeSense {
             page,
             subpage,
@@ -130,159 +129,18 @@ pub async fn execute(
             alloc,
             ten,
         } => result(unit.mode_sense(page, subpage, control, no_block_descriptors, ten, alloc)),
-        Command::Read { lba, blocks, .. } => match transfer_len(unit, lba, blocks) {
-            Err(s) => Outcome::Check(s),
-            Ok(len) => {
-                let offset = lba * u64::from(BLOCK);
-                let r = call(b, move |b| {
-                    let mut buf = vec![0u8; len as usize];
-                    b.read_at(&mut buf, offset).map(|()| buf)
-                })
-                .await;
-                match r {
-                    Ok(buf) => Outcome::Good(buf),
-                    Err(_) => Outcome::Check(Sense::READ_ERROR),
-                }
-            }
-        },
-        Command::Write { lba, blocks, fua } => {
-            if unit.read_only {
-                return Outcome::Check(Sense::WRITE_PROTECTED);
-            }
-            let data = data.unwrap_or_default();
-            match transfer_len(unit, lba, blocks) {
-                Err(s) => Outcome::Check(s),
-                Ok(len) if len as usize != data.len() => {
-                    Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
-                }
-                Ok(_) => {
-                    let offset = lba * u64::from(BLOCK);
-                    match call(b, move |b| b.write_at(&data, offset, fua)).await {
-                        Ok(()) => Outcome::Good(Vec::new()),
-                        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
-                    }
-                }
-            }
-        }
-        Command::SynchronizeCache { .. } => match call(b, |b| b.flush()).await {
-            Ok(()) => Outcome::Good(Vec::new()),
-            Err(_) => Outcome::Check(Sense::WRITE_ERROR),
-        },
-        Command::WriteSame { .. } | Command::Unmap { .. } if unit.read_only => {
-            Outcome::Check(Sense::WRITE_PROTECTED)
-        }
-        Command::WriteSame {
-            lba,
-            blocks,
-            unmap,
-            no_data,
-        } => {
-            if blocks == 0 || blocks > unit.max_transfer_blocks {
-                return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
-            }
-            if let Err(s) = check_range(lba, blocks, unit.blocks) {
-                return Outcome::Check(s);
-            }
-            let block = if no_data {
-                vec![0u8; BLOCK as usize]
-            } else {
-                data.unwrap_or_default()
-            };
-            if block.len() != BLOCK as usize {
-                return Outcome::Check(Sense::PARAMETER_LIST_LENGTH);
-            }
-            let offset = lba * u64::from(BLOCK);
-            let len = u64::from(blocks) * u64::from(BLOCK);
-            let zero = block.iter().all(|&b| b == 0);
-            let trim = unmap && unit.thin;
-            let r = call(b, move |b| {
-                if zero {
-                    b.zero(offset, len, trim, false, false).map_err(|_| ())
-                } else {
-                    let mut buf = Vec::with_capacity(len as usize);
-                    for _ in 0..blocks {
-                        buf.extend_from_slice(&block);
-                    }
-                    b.write_at(&buf, offset, false).map_err(|_| ())
-                }
-            })
-            .await;
-            match r {
-                Ok(()) => Outcome::Good(Vec::new()),
-                Err(()) => Outcome::Check(Sense::WRITE_ERROR),
-            }
+        Command::ReportTargetPortGroups { extended, alloc } => {
+            Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }
         Command::Unmap { .. } | Command::GetLbaStatus { .. } if !unit.thin => {
             Outcome::Check(Sense::INVALID_OPCODE)
         }
-        Command::Unmap { .. } => {
-            let ranges = match unmap_ranges(&data.unwrap_or_default(), 256) {
-                Ok(r) => r,
-                Err(s) => return Outcome::Check(s),
-            };
-            for r in &ranges {
-                if let Err(s) = check_range(r.lba, r.blocks, unit.blocks) {
-                    return Outcome::Check(s);
-                }
-                if r.blocks > unit.max_transfer_blocks {
-                    return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
-                }
-            }
-            let done = call(b, move |b| {
-                ranges.iter().try_for_each(|r| {
-                    b.trim(
-                        r.lba * u64::from(BLOCK),
-                        u64::from(r.blocks) * u64::from(BLOCK),
-                        false,
-                    )
-                })
-            })
-            .await;
-            match done {
-                Ok(()) => Outcome::Good(Vec::new()),
-                Err(_) => Outcome::Check(Sense::WRITE_ERROR),
-            }
-        }
-        Command::GetLbaStatus { lba, alloc } => {
-            if lba >= unit.blocks {
-                return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
-            }
-            let offset = lba * u64::from(BLOCK);
-            // One answer covers at most 1 GiB; initiators ask again from
-            // where it ends.
-            let span = (unit.blocks - lba).min(1 << 21) * u64::from(BLOCK);
-            match call(b, move |b| b.extents(offset, span)).await {
-                Ok(extents) => {
-                    let mut runs = Vec::new();
-                    let mut at = offset;
-                    let end = offset + span;
-                    for e in extents {
-                        if at >= end {
-                            break;
-                        }
-                        let len = e.len.min(end - at);
-                        let blocks = u32::try_from(len / u64::from(BLOCK)).unwrap_or(u32::MAX);
-                        if blocks == 0 {
-                            break;
-                        }
-                        let hole = e.flags & braid_proto::wire::state::HOLE != 0;
-                        runs.push((at / u64::from(BLOCK), blocks, hole));
-                        at += u64::from(blocks) * u64::from(BLOCK);
-                    }
-                    Outcome::Good(respond::lba_status(&runs, alloc))
-                }
-                Err(_) => Outcome::Check(Sense::READ_ERROR),
-            }
-        }
-        Command::ReportTargetPortGroups { extended, alloc } => {
-            Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
-        }
-        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
         Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
+        _ => media::execute(export, unit, cmd, data).await,
     }
 }
 
-fn result(r: Result<Vec<u8>, Sense>) -> Outcome {
+pub(crate) fn result(r: Result<Vec<u8>, Sense>) -> Outcome {
     match r {
         Ok(d) => Outcome::Good(d),
         Err(s) => Outcome::Check(s),

@@ -1,0 +1,265 @@
+//! The SCSI commands that touch the medium, carried out on the export's
+//! backend: READ, WRITE, SYNCHRONIZE CACHE, WRITE SAME, UNMAP, GET LBA
+//! STATUS and COMPARE AND WRITE. Every write holds its range in the
+//! export's range lock beside NBD's writers; COMPARE AND WRITE holds it
+//! alone, so nothing lands between its compare and its write.
+
+use std::sync::Arc;
+
+use braid_iscsi::scsi::cdb::unmap_ranges;
+use braid_iscsi::scsi::respond::{self, Unit};
+use braid_iscsi::scsi::{check_range, Command, Sense};
+
+use super::unit::{backend, transfer_len, Outcome, BLOCK};
+use crate::backend::Backend;
+use crate::export::Export;
+
+/// Runs a blocking backend call off the async threads when it may block.
+async fn call<T: Send + 'static>(
+    b: Arc<dyn Backend>,
+    f: impl FnOnce(&dyn Backend) -> T + Send + 'static,
+) -> T {
+    if b.blocking() {
+        tokio::task::spawn_blocking(move || f(b.as_ref()))
+            .await
+            .expect("backend call panicked")
+    } else {
+        f(b.as_ref())
+    }
+}
+
+fn bytes(blocks: impl Into<u64>) -> u64 {
+    blocks.into() * u64::from(BLOCK)
+}
+
+/// Carries out a command on the medium (`super::unit::execute` checked
+/// the unit has one, and that writes are allowed).
+pub async fn execute(
+    export: &Arc<Export>,
+    unit: &Unit,
+    cmd: Command,
+    data: Option<Vec<u8>>,
+) -> Outcome {
+    let Some(b) = backend(export) else {
+        return Outcome::Check(Sense::INVALID_OPCODE);
+    };
+    let e = export.clone();
+    match cmd {
+        Command::Read { lba, blocks, .. } => match transfer_len(unit, lba, blocks) {
+            Err(s) => Outcome::Check(s),
+            Ok(len) => {
+                let offset = bytes(lba);
+                let r = call(b, move |b| {
+                    let mut buf = vec![0u8; len as usize];
+                    b.read_at(&mut buf, offset).map(|()| buf)
+                })
+                .await;
+                match r {
+                    Ok(buf) => Outcome::Good(buf),
+                    Err(_) => Outcome::Check(Sense::READ_ERROR),
+                }
+            }
+        },
+        Command::Write { lba, blocks, fua } => {
+            let data = data.unwrap_or_default();
+            match transfer_len(unit, lba, blocks) {
+                Err(s) => Outcome::Check(s),
+                Ok(len) if len as usize != data.len() => {
+                    Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
+                }
+                Ok(_) => {
+                    let offset = bytes(lba);
+                    let r = call(b, move |b| {
+                        let _range = e.writes.shared(offset, data.len() as u64);
+                        b.write_at(&data, offset, fua)
+                    })
+                    .await;
+                    match r {
+                        Ok(()) => Outcome::Good(Vec::new()),
+                        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+                    }
+                }
+            }
+        }
+        Command::SynchronizeCache { .. } => match call(b, |b| b.flush()).await {
+            Ok(()) => Outcome::Good(Vec::new()),
+            Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+        },
+        Command::WriteSame {
+            lba,
+            blocks,
+            unmap,
+            no_data,
+        } => write_same(b, e, unit, lba, blocks, unmap, no_data, data).await,
+        Command::Unmap { .. } => {
+            let ranges = match unmap_ranges(&data.unwrap_or_default(), 256) {
+                Ok(r) => r,
+                Err(s) => return Outcome::Check(s),
+            };
+            for r in &ranges {
+                if let Err(s) = check_range(r.lba, r.blocks, unit.blocks) {
+                    return Outcome::Check(s);
+                }
+                if r.blocks > unit.max_transfer_blocks {
+                    return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+                }
+            }
+            let done = call(b, move |b| {
+                ranges.iter().try_for_each(|r| {
+                    let (offset, len) = (bytes(r.lba), bytes(r.blocks));
+                    let _range = e.writes.shared(offset, len);
+                    b.trim(offset, len, false)
+                })
+            })
+            .await;
+            match done {
+                Ok(()) => Outcome::Good(Vec::new()),
+                Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+            }
+        }
+        Command::GetLbaStatus { lba, alloc } => lba_status(b, unit, lba, alloc).await,
+        Command::CompareAndWrite { lba, blocks, fua } => {
+            compare_and_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
+        }
+        _ => Outcome::Check(Sense::INVALID_OPCODE),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_same(
+    b: Arc<dyn Backend>,
+    e: Arc<Export>,
+    unit: &Unit,
+    lba: u64,
+    blocks: u32,
+    unmap: bool,
+    no_data: bool,
+    data: Option<Vec<u8>>,
+) -> Outcome {
+    if blocks == 0 || blocks > unit.max_transfer_blocks {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    }
+    if let Err(s) = check_range(lba, blocks, unit.blocks) {
+        return Outcome::Check(s);
+    }
+    let block = if no_data {
+        vec![0u8; BLOCK as usize]
+    } else {
+        data.unwrap_or_default()
+    };
+    if block.len() != BLOCK as usize {
+        return Outcome::Check(Sense::PARAMETER_LIST_LENGTH);
+    }
+    let (offset, len) = (bytes(lba), bytes(blocks));
+    let zero = block.iter().all(|&b| b == 0);
+    let trim = unmap && unit.thin;
+    let r = call(b, move |b| {
+        let _range = e.writes.shared(offset, len);
+        if zero {
+            b.zero(offset, len, trim, false, false).map_err(|_| ())
+        } else {
+            let mut buf = Vec::with_capacity(len as usize);
+            for _ in 0..blocks {
+                buf.extend_from_slice(&block);
+            }
+            b.write_at(&buf, offset, false).map_err(|_| ())
+        }
+    })
+    .await;
+    match r {
+        Ok(()) => Outcome::Good(Vec::new()),
+        Err(()) => Outcome::Check(Sense::WRITE_ERROR),
+    }
+}
+
+async fn lba_status(b: Arc<dyn Backend>, unit: &Unit, lba: u64, alloc: u32) -> Outcome {
+    if lba >= unit.blocks {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    let offset = bytes(lba);
+    // One answer covers at most 1 GiB; initiators ask again from where it
+    // ends.
+    let span = bytes((unit.blocks - lba).min(1 << 21));
+    match call(b, move |b| b.extents(offset, span)).await {
+        Ok(extents) => {
+            let mut runs = Vec::new();
+            let mut at = offset;
+            let end = offset + span;
+            for e in extents {
+                if at >= end {
+                    break;
+                }
+                let len = e.len.min(end - at);
+                let blocks = u32::try_from(len / u64::from(BLOCK)).unwrap_or(u32::MAX);
+                if blocks == 0 {
+                    break;
+                }
+                let hole = e.flags & braid_proto::wire::state::HOLE != 0;
+                runs.push((at / u64::from(BLOCK), blocks, hole));
+                at += bytes(blocks);
+            }
+            Outcome::Good(respond::lba_status(&runs, alloc))
+        }
+        Err(_) => Outcome::Check(Sense::READ_ERROR),
+    }
+}
+
+/// What a compare found.
+enum Compared {
+    Written,
+    /// The first byte of the compare data that differed.
+    Differs(u32),
+}
+
+/// COMPARE AND WRITE (SBC-4 5.3): `data` holds the blocks to compare,
+/// then the blocks to write. With the range held alone, the medium is
+/// read and compared, and written only if every byte matched; otherwise
+/// MISCOMPARE, with the offset of the first byte that differed.
+async fn compare_and_write(
+    e: Arc<Export>,
+    unit: &Unit,
+    lba: u64,
+    blocks: u32,
+    fua: bool,
+    data: Vec<u8>,
+) -> Outcome {
+    if e.peers.is_some() {
+        // Other gateways write the same image, and this lock does not
+        // reach them: a COMPARE AND WRITE here could not be atomic.
+        return Outcome::Check(Sense::INVALID_OPCODE);
+    }
+    if let Err(s) = check_range(lba, blocks, unit.blocks) {
+        return Outcome::Check(s);
+    }
+    let n = bytes(blocks) as usize;
+    if data.len() != 2 * n {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    }
+    if blocks == 0 {
+        return Outcome::Good(Vec::new());
+    }
+    let offset = bytes(lba);
+    // Always on a blocking thread: the section waits for writers of the
+    // range to finish, and nothing async may wait on it meanwhile.
+    let r = tokio::task::spawn_blocking(move || {
+        let Some(b) = backend(&e) else {
+            return Err(std::io::ErrorKind::NotFound.into());
+        };
+        let range = e.writes.exclusive(offset, n as u64);
+        let mut now = vec![0u8; n];
+        b.read_at(&mut now, offset)?;
+        if let Some(at) = now.iter().zip(&data[..n]).position(|(a, b)| a != b) {
+            return Ok(Compared::Differs(at as u32));
+        }
+        range.checkpoint();
+        b.write_at(&data[n..], offset, fua)?;
+        Ok::<_, std::io::Error>(Compared::Written)
+    })
+    .await
+    .expect("COMPARE AND WRITE panicked");
+    match r {
+        Ok(Compared::Written) => Outcome::Good(Vec::new()),
+        Ok(Compared::Differs(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
+        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+    }
+}
