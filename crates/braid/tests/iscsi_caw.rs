@@ -225,7 +225,10 @@ fn compare_and_writes_from_two_portals_and_nbd_writes_of_one_block_stay_atomic()
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         let (wrote, read): (u64, u64) = (f[0].parse().unwrap(), f[1].parse().unwrap());
-        assert_eq!(f[2], "True", "block 0 stays torn: two writes landed over each other");
+        assert_eq!(
+            f[2], "True",
+            "block 0 stays torn: two writes landed over each other"
+        );
         // Between NBD's write and its read only COMPARE AND WRITEs ran,
         // each replacing the version it compared: what NBD read must be
         // its own write or follow from it, one replacement at a time.

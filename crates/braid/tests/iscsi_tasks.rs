@@ -64,6 +64,9 @@ fn a_reset_from_another_session_ends_held_writes_and_tells_the_first() {
     let mut ib = Initiator::login_as(srv.portals[0], TARGET, &b);
     srv.handle.hold(a.initiator, true);
     let held = write(&mut ia, 10, 7);
+    // Once a's ping is answered, its write (sent before) is in the task
+    // set: the reset from the other connection cannot overtake it.
+    ia.ping();
     assert_eq!(ib.task_management(5, 0xffff_ffff), 0, "LOGICAL UNIT RESET");
     srv.handle.hold(a.initiator, false);
     let r = ia.exec(&TUR, &[], 0);
@@ -108,6 +111,7 @@ fn a_login_that_reinstates_a_session_fences_its_held_writes() {
     let mut other = Initiator::login_as(srv.portals[0], TARGET, &other_isid);
     srv.handle.hold(x.initiator, true);
     write(&mut old, 20, 9);
+    old.ping();
     // The same initiator and ISID again: the old session is closed, and
     // the login completes only once its held write has been dropped.
     let mut new = Initiator::login_as(srv.portals[0], TARGET, &x);

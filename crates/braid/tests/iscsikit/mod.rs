@@ -382,6 +382,22 @@ impl Initiator {
         r.data
     }
 
+    /// A NOP-Out ping, answered: every PDU sent before it has been read
+    /// and taken by the target (one connection keeps order).
+    pub fn ping(&mut self) {
+        let itt = self.itt;
+        self.itt = self.itt.wrapping_add(1);
+        let mut b = Bhs::new(Opcode::NopOut);
+        b.set_immediate(true);
+        b.set_final(true);
+        b.set_itt(itt);
+        b.set_u32(20, 0xffff_ffff);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
+        self.other_reply(Opcode::NopIn, itt);
+    }
+
     /// Logs out (closing the session); returns the response code.
     pub fn logout(&mut self) -> u8 {
         let itt = self.itt;
