@@ -126,6 +126,7 @@ fn serve_scope(args: &DoctorArgs, root: &Root, file: Option<ConfigFile>) -> Resu
             portals = served;
         }
         let addrs = braid_netif::addrs().context("listing this host's addresses")?;
+        scope.portals = portals.clone();
         for ip in portals {
             if let Some(a) = addrs.iter().find(|a| a.ip == ip && !a.loopback) {
                 if !scope.portal_ifaces.contains(&a.iface) {

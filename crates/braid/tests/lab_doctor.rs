@@ -1,6 +1,6 @@
 //! `braid doctor` in the lab: each misconfiguration is made for real in the
-//! client's namespace, the doctor run there names it with the right
-//! subject, `--apply` runs the fix it suggests, and a second run finds it
+//! client's namespace (or the storage host's, for its portals), the doctor
+//! run there names it with the right subject, `--apply` runs the fix it suggests, and a second run finds it
 //! gone. Without `--apply` (or when the question is answered no) nothing
 //! changes: every sysctl, MTU, route, rule and qdisc of the namespace is
 //! the same before and after.
@@ -38,6 +38,10 @@ fn serve_lab(
 /// `braid doctor ARGS --json` in the client namespace, through `sh -c` so
 /// that `stdin` can answer its question; the report, and stderr.
 fn doctor_with(lab: &Lab, args: &[&str], stdin: &str) -> (Report, String) {
+    doctor_on(lab, Side::Client, args, stdin)
+}
+
+fn doctor_on(lab: &Lab, side: Side, args: &[&str], stdin: &str) -> (Report, String) {
     let mut line = format!("printf '{stdin}' | {} doctor --json", braid_bin());
     for a in args {
         line.push(' ');
@@ -46,7 +50,7 @@ fn doctor_with(lab: &Lab, args: &[&str], stdin: &str) -> (Report, String) {
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &line]).env("NO_COLOR", "1");
     let out = lab
-        .output(Side::Client, cmd, Duration::from_secs(60))
+        .output(side, cmd, Duration::from_secs(60))
         .expect("run braid doctor");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
@@ -313,5 +317,27 @@ lab_test! {
         let (_, said) = doctor_with(&lab, &asked, "n\\n");
         assert!(said.contains("nothing changed"), "{said}");
         unchanged(&before, &snapshot(&lab), "braid doctor --apply answered no");
+    }
+}
+
+lab_test! {
+    fn a_storage_host_nic_without_a_portal_and_its_arp_settings() {
+        let (lab, _serve) = serve_lab(
+            &[Rate::GBIT, Rate::GBIT],
+            Addressing::SameSubnetFlux,
+            |_| "brs1".to_owned(),
+        );
+        let args = ["--serve", "vol=mem:64MiB", "--listen", "brs1"];
+        let (r, _) = doctor_on(&lab, Side::Storage, &args, "");
+        let idle = found(&r, "portal-per-nic", &iface("brs2"));
+        assert_eq!(idle.severity, Severity::Warn, "{idle:#?}");
+        assert!(idle.evidence.iter().any(|e| e.value.contains("10.77.0.2")));
+        assert_eq!(found(&r, "portal-per-nic", &iface("brs1")).severity, Severity::Ok);
+        assert_eq!(found(&r, "arp-flux", &iface("brs1")).severity, Severity::Warn);
+        let mut apply = args.to_vec();
+        apply.extend(["--apply", "--yes"]);
+        doctor_on(&lab, Side::Storage, &apply, "");
+        let (after, _) = doctor_on(&lab, Side::Storage, &args, "");
+        assert_eq!(found(&after, "arp-flux", &iface("brs1")).severity, Severity::Ok);
     }
 }

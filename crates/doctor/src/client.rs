@@ -245,7 +245,11 @@ fn offloads(l: &paths::LinkSeen, physical: bool) -> Option<Finding> {
     let mut f = Finding::ok(
         "offloads",
         Subject::Interface(l.name.clone()),
-        "segmentation and receive offloads are on",
+        if physical {
+            "TSO, GSO and GRO are on"
+        } else {
+            "TSO and GSO are on (GRO is judged on NICs only)"
+        },
     )
     .read(
         format!("ethtool ioctl SIOCETHTOOL on {} (ethtool -k)", l.name),

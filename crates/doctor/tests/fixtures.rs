@@ -21,6 +21,7 @@ fn check(name: &str, exports: &[&str]) -> Report {
             .map(|e| e.parse().unwrap())
             .collect::<Vec<ExportRef>>(),
         portal_ifaces: Vec::new(),
+        portals: Vec::new(),
     };
     serve::check(&Root::at(fixture(name)), &scope)
 }
