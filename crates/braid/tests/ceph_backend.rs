@@ -20,19 +20,13 @@ use common::{cmd, output, random_file, run, sha256, sha256_bytes, signal, ChildG
 
 const MIB: usize = 1 << 20;
 
-/// The cluster, or `None` (the test skips, saying so) outside CI without
-/// Ceph.
-fn ceph() -> Option<&'static cephkit::Cluster> {
-    cephkit::available().then(cephkit::cluster)
-}
-
 #[cfg_attr(
     braid_skip = "ceph-mon",
     ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
 )]
 #[test]
 fn nbdcopy_in_and_out_match_by_sha256_and_by_rbd_export() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdcopy") {
         return;
     }
@@ -61,7 +55,7 @@ fn nbdcopy_in_and_out_match_by_sha256_and_by_rbd_export() {
 )]
 #[test]
 fn fio_over_nbd_verifies_crc32c() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("fio") {
         return;
     }
@@ -80,7 +74,7 @@ fn fio_over_nbd_verifies_crc32c() {
 )]
 #[test]
 fn small_zeroed_ranges_read_back_as_zeroes_and_block_status_sees_holes() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") || !common::tool("nbdinfo") {
         return;
     }
@@ -179,7 +173,7 @@ fn acknowledged_write_survives_sigkill(c: &cephkit::Cluster, extra: &[&str], tri
 )]
 #[test]
 fn an_acknowledged_write_is_in_the_cluster_when_its_gateway_is_killed() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") {
         return;
     }
@@ -214,7 +208,7 @@ fn an_acknowledged_write_is_in_the_cluster_when_its_gateway_is_killed() {
 )]
 #[test]
 fn an_image_with_exclusive_lock_is_refused_writable_with_the_command_that_fixes_it() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     // The cluster's default features: layering, exclusive-lock,
     // object-map, fast-diff, deep-flatten.
     let img = c.image("excl", "16M", None);
@@ -262,7 +256,7 @@ fn an_image_with_exclusive_lock_is_refused_writable_with_the_command_that_fixes_
 )]
 #[test]
 fn a_snapshot_is_served_read_only_as_it_was_taken() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") {
         return;
     }

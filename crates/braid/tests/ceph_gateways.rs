@@ -21,10 +21,6 @@ use common::{cmd, random_file, run, sha256, sha256_bytes, signal, Serve};
 
 const MIB: usize = 1 << 20;
 
-fn ceph() -> Option<&'static cephkit::Cluster> {
-    cephkit::available().then(cephkit::cluster)
-}
-
 /// The `x-braid:` contexts a gateway lists.
 fn contexts(g: &Serve) -> Vec<String> {
     let out = run(cmd("nbdinfo").args(["--list", &g.uri("vol")]));
@@ -44,15 +40,6 @@ fn listed(g: &Serve, kind: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// Waits (bounded) until `f` holds.
-fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -66,7 +53,7 @@ fn rt() -> tokio::runtime::Runtime {
 )]
 #[test]
 fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdinfo") {
         return;
     }
@@ -74,7 +61,7 @@ fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
     let gws: Vec<Serve> = (0..3).map(|_| c.gateway(&img, &[])).collect();
     let all: BTreeSet<String> = gws.iter().map(|g| g.addr().to_string()).collect();
     for g in &gws {
-        eventually(
+        cephkit::eventually(
             Duration::from_secs(20),
             "every gateway lists all three",
             || listed(g, "portal") == all,
@@ -132,14 +119,14 @@ fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
 )]
 #[test]
 fn fio_through_braid_attach_over_two_gateways_verifies_crc32c() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     if !common::tool("fio") {
         return;
     }
     let img = c.image("attach", "32M", Some("layering"));
     let a = c.gateway(&img, &[]);
     let b = c.gateway(&img, &[]);
-    eventually(Duration::from_secs(20), "A lists B", || {
+    cephkit::eventually(Duration::from_secs(20), "A lists B", || {
         listed(&a, "portal").contains(&b.addr().to_string())
     });
     let attach = labkit::Attach::start(None, &a.uri("vol"), "vol", &[]);
@@ -161,14 +148,14 @@ fn fio_through_braid_attach_over_two_gateways_verifies_crc32c() {
 )]
 #[test]
 fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     let img = c.image("kill", "32M", Some("layering"));
     let lease = ["--gateway-lease", "3"];
     let a = c.gateway(&img, &lease);
     let b_portal = format!("127.0.0.1:{}", common::free_port());
     let b_args = [&lease[..], &["--listen", &b_portal]].concat();
     let b = c.gateway(&img, &b_args);
-    eventually(Duration::from_secs(20), "A lists B", || {
+    cephkit::eventually(Duration::from_secs(20), "A lists B", || {
         listed(&a, "portal").contains(&b_portal)
     });
     let bs = 64 * 1024;
@@ -210,7 +197,7 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
     // B's record is gone: A fenced B (blocklisted it) when the client
     // asked it to fence B's connections.
     let a_addr = a.addr().to_string();
-    eventually(Duration::from_secs(30), "only A's record is left", || {
+    cephkit::eventually(Duration::from_secs(30), "only A's record is left", || {
         let g = img.gateways();
         g.len() == 1 && g[0]["portals"][0] == a_addr.as_str()
     });
@@ -223,7 +210,7 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
     drop(b);
     // Restarted on the same portal, B rejoins: A announces it again.
     let b = c.gateway(&img, &b_args);
-    eventually(Duration::from_secs(20), "A lists B again", || {
+    cephkit::eventually(Duration::from_secs(20), "A lists B again", || {
         listed(&a, "portal").contains(&b_portal)
     });
     assert_eq!(img.gateways().len(), 2);
@@ -239,11 +226,7 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
         let log = failkit::run(vol.clone(), w, Instant::now()).await;
         assert!(log.errors.is_empty() && log.mismatches.is_empty());
         let r = vol.report();
-        let to_b = r
-            .paths
-            .iter()
-            .find(|p| p.portal == b_portal)
-            .expect("a path to B");
+        let to_b = cephkit::path_to(&r, &b_portal);
         assert!(
             to_b.figures.counters.written_bytes > 0,
             "B carried writes again"
@@ -259,18 +242,18 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
 )]
 #[test]
 fn a_dead_gateways_record_expires_and_is_removed() {
-    let Some(c) = ceph() else { return };
+    let Some(c) = cephkit::ceph() else { return };
     let img = c.image("expire", "16M", Some("layering"));
     let lease = ["--gateway-lease", "2"];
     let a = c.gateway(&img, &lease);
     let b = c.gateway(&img, &lease);
-    eventually(Duration::from_secs(20), "A lists B", || {
+    cephkit::eventually(Duration::from_secs(20), "A lists B", || {
         listed(&a, "portal").contains(&b.addr().to_string())
     });
     assert_eq!(img.gateways().len(), 2);
     signal(b.pid(), libc::SIGKILL);
     let killed = Instant::now();
-    eventually(Duration::from_secs(30), "B's record removed", || {
+    cephkit::eventually(Duration::from_secs(30), "B's record removed", || {
         img.gateways().len() == 1
     });
     // Not before its lease ran out by A's clock.

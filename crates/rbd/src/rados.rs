@@ -322,7 +322,7 @@ impl IoCtx {
     /// librados thread: it must not block; acknowledge with
     /// [`Self::notify_ack`], from any thread), `on_error` when the watch
     /// broke (the errno; `ESHUTDOWN` when blocklisted) and must be
-    /// replaced.
+    /// replaced. The OSD drops the watch of a client silent for `timeout`.
     ///
     /// # Errors
     ///
@@ -330,6 +330,7 @@ impl IoCtx {
     pub fn watch(
         self: &Arc<Self>,
         oid: &str,
+        timeout: Duration,
         on_notify: impl Fn(Notification) + Send + Sync + 'static,
         on_error: impl Fn(i32) + Send + Sync + 'static,
     ) -> Result<Watch> {
@@ -342,13 +343,15 @@ impl IoCtx {
         // SAFETY: `callbacks` stays allocated until the Watch is dropped,
         // after rados_unwatch2 and rados_watch_flush guarantee no callback
         // runs any more.
+        let secs = u32::try_from(timeout.as_secs().max(1)).unwrap_or(u32::MAX);
         let r = unsafe {
-            sys::rados_watch2(
+            sys::rados_watch3(
                 self.handle,
                 o.as_ptr(),
                 &mut cookie,
                 Some(watch_notify),
                 Some(watch_error),
+                secs,
                 callbacks.cast(),
             )
         };
@@ -542,15 +545,15 @@ impl Watch {
         self.cookie
     }
 
-    /// Whether the watch still stands (`Ok`), or why not.
+    /// How long ago the OSD last confirmed the watch, or why it broke.
     ///
     /// # Errors
     ///
     /// The errno librados reports for the broken watch.
-    pub fn check(&self) -> Result<()> {
+    pub fn check(&self) -> Result<Duration> {
         // SAFETY: a registered cookie on its own ioctx.
         let r = unsafe { sys::rados_watch_check(self.io.raw(), self.cookie) };
-        check(r.into(), || "checking a watch".into()).map(drop)
+        check(r.into(), || "checking a watch".into()).map(Duration::from_millis)
     }
 }
 

@@ -1,6 +1,7 @@
 //! A throwaway Ceph cluster for the `ceph_*` tests: one monitor on
 //! 127.0.0.1 and one OSD keeping its data in memory, started by
-//! `scripts/ceph-cluster` under a temporary directory once per test binary
+//! `scripts/ceph-cluster` under a temporary directory (on /dev/shm where
+//! there is one) once per test binary
 //! (about 8 s), and stopped by that script's watcher, by PID, when the test
 //! process exits. Each test makes its own small images and removes them
 //! when done (the OSD holds them in RAM).
@@ -33,10 +34,47 @@ pub fn available() -> bool {
         .all(|t| crate::common::tool(t))
 }
 
+/// The cluster, or `None` (the test then skips, saying so) outside CI
+/// without Ceph installed.
+pub fn ceph() -> Option<&'static Cluster> {
+    available().then(cluster)
+}
+
+/// Waits (bounded) until `f` holds.
+pub fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {limit:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The figures of a volume's path to `portal`.
+pub fn path_to<'r>(
+    r: &'r braid_initiator::VolumeReport,
+    portal: &str,
+) -> &'r braid_initiator::PathFigures {
+    r.paths
+        .iter()
+        .find(|p| p.portal == portal)
+        .unwrap_or_else(|| panic!("no path to {portal}: {r:?}"))
+}
+
 /// The cluster of this test binary, started on first use.
 pub fn cluster() -> &'static Cluster {
     let started = CLUSTER.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!(
+        // In memory where there is a tmpfs: the OSD keeps its data in RAM
+        // anyway, and a monitor refuses to start on a nearly full disk.
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_owned()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!(
             "braid-ceph-{}-{:08x}",
             std::process::id(),
             rand::random::<u32>()
@@ -128,18 +166,20 @@ impl Cluster {
     /// `braid serve` as a gateway of `image` (export `vol`), with `extra`
     /// flags (a `--ceph-conf` among them replaces the cluster's).
     pub fn gateway(&self, image: &Image, extra: &[&str]) -> Serve {
+        self.gateway_env(image, extra, &[])
+    }
+
+    /// As [`Self::gateway`], with `env` added to its environment.
+    pub fn gateway_env(&self, image: &Image, extra: &[&str], env: &[(&str, &str)]) -> Serve {
         let conf = self.conf.display().to_string();
-        if extra.contains(&"--ceph-conf") {
-            let spec = format!("vol={}", image.spec());
-            let mut args = extra.to_vec();
-            args.push(&spec);
-            return Serve::start(&args);
-        }
         let spec = format!("vol={}", image.spec());
-        let mut args: Vec<&str> = vec!["--ceph-conf", &conf];
+        let mut args: Vec<&str> = Vec::new();
+        if !extra.contains(&"--ceph-conf") {
+            args.extend(["--ceph-conf", &conf]);
+        }
         args.extend(extra);
         args.push(&spec);
-        Serve::start(&args)
+        Serve::start_env(&args, env)
     }
 }
 

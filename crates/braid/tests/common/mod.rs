@@ -63,6 +63,11 @@ impl Serve {
     /// `--control`, ones in a temporary directory. Returns once every
     /// portal and export has been logged and SIGTERM is handled.
     pub fn start(args: &[&str]) -> Serve {
+        Self::start_env(args, &[])
+    }
+
+    /// As [`Self::start`], with `env` added to the process's environment.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Serve {
         let mut argv: Vec<String> = vec!["serve".into()];
         let has = |flag: &str| {
             args.iter()
@@ -93,6 +98,7 @@ impl Serve {
             .args(&argv)
             .env("NO_COLOR", "1")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

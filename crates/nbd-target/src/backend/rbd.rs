@@ -44,6 +44,7 @@ impl Backend for RbdVolume {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.before_write()?;
         let image = self.image();
         self.check(image.write(buf, offset))?;
         if fua && self.ceph.caches() {
@@ -59,6 +60,7 @@ impl Backend for RbdVolume {
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
         // A hint: librbd leaves ranges under its discard granularity as
         // they are, which TRIM allows.
+        self.before_write()?;
         let image = self.image();
         self.check(image.discard(offset, len))?;
         if fua && self.ceph.caches() {
@@ -78,6 +80,7 @@ impl Backend for RbdVolume {
         // write_zeroes, never discard: a discard under 64 KiB leaves the
         // old data readable. librbd deallocates whole objects and writes
         // zeroes only over partial ones, so it is fast either way.
+        self.before_write()?;
         let image = self.image();
         self.check(image.write_zeroes(offset, len))?;
         if fua && self.ceph.caches() {

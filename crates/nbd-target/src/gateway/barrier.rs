@@ -52,6 +52,7 @@ pub fn object(image_id: &str) -> String {
 pub fn watch(
     io: &Arc<IoCtx>,
     image_id: &str,
+    timeout: Duration,
     changed: impl Fn() + Send + Sync + 'static,
     broken: impl Fn(i32) + Send + Sync + 'static,
 ) -> braid_rbd::Result<Watch> {
@@ -62,6 +63,7 @@ pub fn watch(
     let changed = Arc::new(changed);
     io.watch(
         &oid,
+        timeout,
         move |n| {
             let (io, oid, changed) = (acker.clone(), oid2.clone(), changed.clone());
             // Callbacks run on a librados thread, which must not wait.

@@ -16,7 +16,9 @@
 //! a renewal answered `ESHUTDOWN`, or its barrier watch broken) closes its
 //! connections unanswered, waits for them to drain, and reconnects as a
 //! new RADOS client with a new tag: a new incarnation, whose connection
-//! ids differ from the old one's.
+//! ids differ from the old one's. A gateway whose barrier watch went
+//! unconfirmed for a while (its process was stopped) fetches the newest
+//! OSD map before its next write, as a barrier may have passed it by.
 //!
 //! Active/active needs three things of every gateway: no write cache
 //! (`rbd_cache = false`: an acknowledged write must be in the cluster, for
@@ -210,6 +212,13 @@ impl Ceph {
 
     pub(crate) fn lease(&self) -> Duration {
         self.opts.lease
+    }
+
+    /// How long the OSD keeps a silent gateway's barrier watch: its lease,
+    /// but never under the 30 s Ceph's own watchers get, as watches are
+    /// confirmed only every few seconds.
+    pub(crate) fn watch_timeout(&self) -> Duration {
+        self.opts.lease.max(Duration::from_secs(30))
     }
 
     /// The lease clock: monotonic, this process's own.
@@ -475,6 +484,7 @@ fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), String> {
             vol.spec
         )
     })?;
+    barrier::announce(&vol.ioctx(), &vol.image_id);
     info!(
         image = %vol.spec,
         gateways = vol.live().len() + 1,

@@ -222,7 +222,8 @@ impl RbdVolume {
                 );
             }
         };
-        let watch = super::barrier::watch(&io, &self.image_id, changed, broken)
+        let timeout = self.ceph.watch_timeout();
+        let watch = super::barrier::watch(&io, &self.image_id, timeout, changed, broken)
             .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))?;
         self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = Some(watch);
         Ok(())
@@ -320,6 +321,33 @@ impl RbdVolume {
 
     fn lease(&self) -> MutexGuard<'_, LeaseState> {
         self.lease.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before a write: makes sure this gateway missed no barrier. Its
+    /// barrier watch is confirmed by the OSD every few seconds; one not
+    /// confirmed for half its timeout may have lapsed (a process stopped
+    /// for a while), and a barrier may have passed without it, so the
+    /// newest OSD map is fetched first; a watch known broken means the
+    /// gateway must reconnect, and the write is not made.
+    ///
+    /// # Errors
+    ///
+    /// `ESHUTDOWN` when the watch broke (the connection is then closed),
+    /// or the monitors' error.
+    pub(crate) fn before_write(&self) -> std::io::Result<()> {
+        let seen = self.read_handle().watch.as_ref().map(Watch::check);
+        match seen {
+            None => Ok(()),
+            Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
+            Some(Ok(_)) => self.check(self.ceph.current().cluster.wait_for_latest_osdmap()),
+            Some(Err(e)) => {
+                self.ceph.lost(
+                    self.ceph.current().tag,
+                    format!("{}: the barrier watch broke: {e}", self.spec),
+                );
+                Err(std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))
+            }
+        }
     }
 
     /// Takes a librbd error: a blocklisted client makes the gateway

@@ -1,0 +1,203 @@
+//! Fencing across gateways on a real throwaway Ceph cluster (`cephkit`):
+//! a gateway stalled (SIGSTOP) with a client's write held inside it is
+//! fenced by a surviving gateway when the client fails over, and after
+//! SIGCONT the held write does not land over the newer one: the survivor
+//! blocklisted the stalled gateway's RADOS client (with that step removed,
+//! the same test sees the stale write land). A Ceph user that may not
+//! blocklist serves an image alone, and no gateway joins it.
+
+#![cfg(feature = "rbd")]
+
+mod cephkit;
+mod common;
+mod failkit;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use braid_initiator::PathRule;
+use common::{output, signal, Serve};
+
+/// Two gateways A and B; a client writes block 0 through B (version 1),
+/// B stalls (SIGSTOP) with version 2 of the block sent to it, the client
+/// fails over to A (which fences B), writes version 3 through A, then B
+/// resumes. Returns the version the cluster holds in the end, and both
+/// gateways' logs. `env` goes to A (a test hook that removes the
+/// blocklist step from its fences).
+fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, String) {
+    let img = c.image("stall", "16M", Some("layering"));
+    // Leases long enough that only the client's fence acts on B here. The
+    // client waits 30 s for a stalled peer whose TCP stack still answers
+    // (slow is not dead), and B's watch of the barrier object would break
+    // after 30 s too, making B drop its connections by itself on SIGCONT:
+    // kept for longer, so that only the blocklist stands between B's held
+    // write and the cluster.
+    let lease = ["--gateway-lease", "120"];
+    let a = c.gateway_env(&img, &lease, env);
+    let watch = c.conf_with("long-watch", "osd client watch timeout = 120");
+    let watch = watch.display().to_string();
+    let b = c.gateway(&img, &[&lease[..], &["--ceph-conf", &watch]].concat());
+    let b_portal = b.addr().to_string();
+    cephkit::eventually(Duration::from_secs(20), "A announces B", || {
+        let out = common::run(common::cmd("nbdinfo").args(["--list", &a.uri("vol")]));
+        String::from_utf8_lossy(&out.stdout).contains(&format!("x-braid:portal={b_portal}"))
+    });
+    let bs = 64 * 1024;
+    let block = |v| failkit::block_data(0, v, bs);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Failover policy, B first: every write goes to B while it works.
+        let rules: Vec<PathRule> = [
+            format!("{b_portal},priority=0"),
+            format!("{},priority=1", a.addr()),
+        ]
+        .iter()
+        .map(|r| r.parse().unwrap())
+        .collect();
+        let vol = failkit::open(&a.uri("vol"), |cfg| {
+            cfg.policy = Some("failover".into());
+            cfg.paths = rules;
+        })
+        .await;
+        vol.write(0, block(1), false).await.expect("version 1");
+        signal(b.pid(), libc::SIGSTOP);
+        // Sent to B, which holds it; the client gives up on B, has A fence
+        // B's connections, and writes it again through A.
+        vol.write(0, block(2), false)
+            .await
+            .expect("version 2, after failover");
+        vol.write(0, block(3), false).await.expect("version 3");
+        let r = vol.report();
+        let to_b = cephkit::path_to(&r, &b_portal);
+        assert!(
+            to_b.figures.counters.resent > 0,
+            "version 2 never went to B: {r:?}"
+        );
+        vol.close().await;
+    });
+    signal(b.pid(), libc::SIGCONT);
+    // B now reads version 2 from its socket and hands it to librbd. Wait
+    // until it is done with it: refused (B then drains its old
+    // connections and says so) or landed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let version = loop {
+        let data = img.export();
+        let got = (1..=3).find(|v| data[..bs] == block(*v)[..]).unwrap_or(0);
+        if got == 2 || b.log().contains("old connections drained") || Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    (version, a.log(), b.log())
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_stalled_gateways_held_write_does_not_land_after_the_client_failed_over() {
+    let Some(c) = cephkit::ceph() else { return };
+    let (version, a, b) = stalled_gateway(c, &[]);
+    assert_eq!(
+        version, 3,
+        "the cluster must hold the newest write\nA:\n{a}\nB:\n{b}"
+    );
+    assert!(a.contains("gateway fenced: blocklisted"), "A:\n{a}");
+    assert!(b.contains("lost its right to write"), "B:\n{b}");
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn without_the_blocklist_the_stalled_gateways_held_write_lands() {
+    let Some(c) = cephkit::ceph() else { return };
+    // What the blocklist prevents: proof that the test above can fail.
+    let (version, a, b) = stalled_gateway(c, &[("BRAID_DANGER_NO_BLOCKLIST", "1")]);
+    assert!(a.contains("TEST HOOK: not blocklisting"), "A:\n{a}");
+    assert_eq!(version, 2, "the stale write should land\nA:\n{a}\nB:\n{b}");
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn a_user_that_may_not_blocklist_serves_an_image_alone() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("nocap", "16M", Some("layering"));
+    // May read and write the pool, and nothing on the monitors but read.
+    let keyring = c.dir.join("nocap.keyring");
+    c.ok(
+        "ceph",
+        &[
+            "auth",
+            "get-or-create",
+            "client.nocap",
+            "mon",
+            "allow r",
+            "osd",
+            "allow rwx pool=rbd",
+            "-o",
+            &keyring.display().to_string(),
+        ],
+    );
+    let conf = c.conf_with("nocap", &format!("keyring = {}", keyring.display()));
+    let conf = conf.display().to_string();
+    let nocap = [
+        "--ceph-conf",
+        &conf,
+        "--ceph-id",
+        "nocap",
+        "--gateway-lease",
+        "2",
+    ];
+    let alone = c.gateway(&img, &nocap);
+    assert!(alone.log().contains("may not blocklist"), "{}", alone.log());
+    let records = img.gateways();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["alone"], true, "{records:?}");
+    // A gateway that may blocklist does not join it: the record keeps
+    // being renewed, so its gateway is alive.
+    let refused = |args: &[&str]| {
+        let scratch = tempfile::tempdir().unwrap();
+        let out = output(
+            Command::new(env!("CARGO_BIN_EXE_braid"))
+                .args(["serve", "--listen", "127.0.0.1:0", "--control"])
+                .arg(scratch.path().join("ctl.sock"))
+                .args(args)
+                .arg(format!("vol={}", img.spec())),
+            Duration::from_secs(60),
+        );
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let cluster_conf = c.conf.display().to_string();
+    let err = refused(&["--ceph-conf", &cluster_conf, "--gateway-lease", "2"]);
+    assert!(err.contains("serves this image alone"), "{err}");
+    // Nor does another that may not blocklist.
+    let err = refused(&nocap);
+    assert!(err.contains("may only serve the image alone"), "{err}");
+    assert!(err.contains("rbd image-meta remove"), "{err}");
+    drop(alone);
+    // The other way round: beside a gateway that may blocklist, it is
+    // refused at once.
+    let capable: Serve = c.gateway(&img, &[]);
+    let err = refused(&nocap);
+    assert!(err.contains("may only serve the image alone"), "{err}");
+    drop(capable);
+    assert!(img.gateways().is_empty(), "clean stops leave no record");
+}
