@@ -140,7 +140,8 @@ and watch it:               braid status --watch";
 
 #[derive(Args, Debug)]
 pub struct AttachArgs {
-    /// The volume: nbd://HOST[:PORT]/EXPORT (optional with --config)
+    /// The volume: nbd://HOST[:PORT]/EXPORT or
+    /// iscsi://[USER@]HOST[:PORT]/IQN/LUN (optional with --config)
     pub uri: Option<String>,
     /// Local export name [default: the remote export's name]
     #[arg(long, value_name = "NAME")]
@@ -414,12 +415,23 @@ pub struct MultipathArgs {
     /// Longest no-reply time a busy path is allowed
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub timeout_ceiling: f64,
+
+    /// iSCSI: CHAP credentials from FILE instead of the URI (TOML: user,
+    /// secret, and for mutual CHAP target_user and target_secret; the
+    /// format of braid serve --iscsi-chap; keep the file 0600)
+    #[arg(long, value_name = "FILE")]
+    pub chap_secret_file: Option<PathBuf>,
+
+    /// iSCSI: the initiator name to log in as [default: the host's
+    /// open-iscsi name, or iqn.2026-11.org.braid-storage:HOSTNAME]
+    #[arg(long, value_name = "IQN")]
+    pub initiator_name: Option<String>,
 }
 
 #[derive(Args, Debug)]
 pub struct CopyArgs {
-    /// Source: a file, a block device, or nbd://HOST[:PORT]/EXPORT,
-    /// nbd+unix:///EXPORT?socket=PATH
+    /// Source: a file, a block device, nbd://HOST[:PORT]/EXPORT,
+    /// nbd+unix:///EXPORT?socket=PATH, or iscsi://[USER@]HOST[:PORT]/IQN/LUN
     pub src: String,
     /// Destination, same forms; a missing file is created
     pub dst: String,
@@ -443,7 +455,8 @@ pub struct CopyArgs {
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// The volume: nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH
+    /// The volume: nbd://HOST[:PORT]/EXPORT, nbd+unix:///EXPORT?socket=PATH
+    /// or iscsi://[USER@]HOST[:PORT]/IQN/LUN
     pub uri: String,
     /// Workload, as fio names it
     #[arg(long, value_enum, default_value = "read")]

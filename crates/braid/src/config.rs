@@ -103,6 +103,10 @@ pub struct AttachVolume {
     pub tls_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
+    /// iSCSI: as --chap-secret-file.
+    pub chap_secret_file: Option<PathBuf>,
+    /// iSCSI: as --initiator-name.
+    pub initiator_name: Option<String>,
 }
 
 impl AttachVolume {
@@ -164,6 +168,8 @@ impl AttachVolume {
             no_path_timeout,
             timeout_floor: self.timeout_floor.unwrap_or(0.5),
             timeout_ceiling: self.timeout_ceiling.unwrap_or(10.0),
+            chap_secret_file: self.chap_secret_file.clone(),
+            initiator_name: self.initiator_name.clone(),
         })
     }
 }

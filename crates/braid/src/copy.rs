@@ -28,6 +28,7 @@ fn is_uri(s: &str) -> bool {
         || s.starts_with("nbd+")
         || s.starts_with("nbds://")
         || s.starts_with("nbds+")
+        || s.starts_with("iscsi://")
 }
 
 pub fn run(args: CopyArgs) -> Result<()> {
@@ -40,7 +41,7 @@ pub fn run(args: CopyArgs) -> Result<()> {
     }
     if is_uri(&args.src) && is_uri(&args.dst) && !args.multipath.portals.is_empty() {
         return Err(usage(
-            "--portal is ambiguous when both sides are NBD volumes; copy through a file, or let \
+            "--portal is ambiguous when both sides are volumes; copy through a file, or let \
              braid discover portals",
         ));
     }

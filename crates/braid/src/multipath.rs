@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use braid_initiator::{NbdUri, OpenError, Volume, VolumeConfig, VolumeReport};
+use braid_initiator::{OpenError, Volume, VolumeConfig, VolumeReport, VolumeUri};
 use braid_target::source::format_size;
 
 use crate::cli::{MultipathArgs, UsageError};
@@ -15,8 +15,18 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 
 /// Checks the flags and builds the configuration for `uri`.
 pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
-    let uri: NbdUri = uri.parse().map_err(usage)?;
+    let uri: VolumeUri = uri.parse().map_err(usage)?;
+    let iscsi = matches!(uri, VolumeUri::Iscsi(_));
+    if !iscsi && (args.chap_secret_file.is_some() || args.initiator_name.is_some()) {
+        return Err(usage(
+            "--chap-secret-file and --initiator-name are for iscsi:// volumes",
+        ));
+    }
     let mut cfg = VolumeConfig::new(uri);
+    if let Some(f) = &args.chap_secret_file {
+        cfg.chap = Some(crate::iscsi::chap_credentials(f)?);
+    }
+    cfg.initiator_name = args.initiator_name.clone();
     for p in &args.portals {
         let addr = braid_initiator::uri::resolve_host(p)
             .map_err(|e| usage(format!("--portal {p:?}: {e}")))?;
@@ -70,7 +80,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
 
 /// Opens a volume, turning usage mistakes into exit code 2.
 pub async fn open(cfg: VolumeConfig) -> Result<Volume> {
-    let uri = format!("{}/{}", cfg.uri.endpoint, cfg.uri.export);
+    let uri = cfg.uri.to_string();
     match Volume::open(cfg).await {
         Ok(v) => Ok(v),
         Err(OpenError::Usage(m)) => Err(usage(m)),

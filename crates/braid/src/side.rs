@@ -88,7 +88,7 @@ impl Side {
     pub fn describe(&self) -> String {
         match self {
             Self::File { path, .. } => path.display().to_string(),
-            Self::Volume(v) => format!("nbd volume {:?}", v.info().export),
+            Self::Volume(v) => format!("{} volume {:?}", v.info().transport, v.info().export),
         }
     }
 
@@ -129,7 +129,7 @@ impl Side {
             }
             Self::Volume(v) => {
                 let data = concat(pieces.into_iter().map(|b| (0, b)).collect(), len);
-                v.write(offset, data, false).await.map_err(Into::into)
+                write_volume(v, offset, data).await
             }
         };
         done.with_context(|| format!("writing {len} bytes at {offset}"))
@@ -155,8 +155,7 @@ impl Side {
                     let mut at = 0;
                     while at < len {
                         let n = (len - at).min(1 << 20);
-                        v.write(offset + at, Bytes::from(vec![0u8; n as usize]), false)
-                            .await?;
+                        write_volume(v, offset + at, Bytes::from(vec![0u8; n as usize])).await?;
                         at += n;
                     }
                 }
@@ -212,6 +211,25 @@ impl Side {
             Self::Volume(v) => Ok(v.flush().await?),
         }
     }
+}
+
+/// Writes `data` at `offset` on a volume. Where its ends are not whole
+/// blocks of the target (a file whose size is not), the blocks are
+/// completed with what the volume holds: read, merged, written whole.
+/// That is safe only while nothing else writes those blocks, as in a copy,
+/// whose pieces never overlap.
+async fn write_volume(v: &Volume, offset: u64, data: Bytes) -> Result<()> {
+    let block = u64::from(v.info().min_block.max(1));
+    let end = offset + data.len() as u64;
+    if offset % block == 0 && end % block == 0 {
+        return Ok(v.write(offset, data, false).await?);
+    }
+    let start = offset / block * block;
+    let whole = end.div_ceil(block) * block;
+    let held = v.read(start, whole - start).await?;
+    let mut buf = BytesMut::from(&concat(held, (whole - start) as usize)[..]);
+    buf[(offset - start) as usize..(end - start) as usize].copy_from_slice(&data);
+    Ok(v.write(start, buf.freeze(), false).await?)
 }
 
 /// Joins read pieces into one buffer (one piece is returned as is).

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use braid_initiator::discover::{self, PathSpec};
-use braid_initiator::{Endpoint, VolumeConfig};
+use braid_initiator::{Endpoint, NbdUri, VolumeConfig, VolumeUri};
 
 use crate::finding::{Finding, Fix, Report, Severity, Subject};
 use crate::paths::{self, Links, PathFacts};
@@ -79,16 +79,27 @@ fn live(root: &Root, scope: &ClientScope) -> Vec<Finding> {
     let mut used: Vec<String> = Vec::new();
     let mut all_paths = Vec::new();
     for cfg in &scope.volumes {
+        let VolumeUri::Nbd(uri) = &cfg.uri else {
+            out.push(Finding::new(
+                "discovery",
+                Severity::Warn,
+                volume(cfg),
+                "an iSCSI volume: these path checks speak NBD and were not run; \
+                 `braid bench URI` shows what each of its paths carries"
+                    .to_owned(),
+            ));
+            continue;
+        };
         let (specs, export, tls) = match rt.block_on(braid_initiator::plan(cfg)) {
             Ok(plan) => {
                 out.push(
                     Finding::ok(
                         "discovery",
                         volume(cfg),
-                        format!("{} path(s) to {}", plan.paths.len(), cfg.uri.export),
+                        format!("{} path(s) to {}", plan.paths.len(), uri.export),
                     )
                     .read(
-                        format!("NBD handshake with {}", cfg.uri.endpoint),
+                        format!("NBD handshake with {}", uri.endpoint),
                         format!(
                             "{} portal(s) advertised, size {}",
                             plan.discovery.portals.len(),
@@ -96,7 +107,7 @@ fn live(root: &Root, scope: &ClientScope) -> Vec<Finding> {
                         ),
                     ),
                 );
-                (plan.paths, cfg.uri.export.clone(), plan.tls)
+                (plan.paths, uri.export.clone(), plan.tls)
             }
             Err(e) => {
                 out.push(
@@ -107,7 +118,7 @@ fn live(root: &Root, scope: &ClientScope) -> Vec<Finding> {
                         format!(
                             "cannot ask {} about the volume: {}; checking the paths the flags \
                              name instead",
-                            cfg.uri.endpoint,
+                            uri.endpoint,
                             braid_initiator::conn::chain(&e)
                         ),
                     )
@@ -115,7 +126,7 @@ fn live(root: &Root, scope: &ClientScope) -> Vec<Finding> {
                         "check that braid serve runs there and that this host reaches it".into(),
                     )),
                 );
-                (fallback_paths(cfg), cfg.uri.export.clone(), None)
+                (fallback_paths(cfg, uri), uri.export.clone(), None)
             }
         };
         let per_path = scope.probe_budget.map(|b| {
@@ -174,14 +185,14 @@ fn live(root: &Root, scope: &ClientScope) -> Vec<Finding> {
 }
 
 fn volume(cfg: &VolumeConfig) -> Subject {
-    Subject::Volume(format!("{}/{}", cfg.uri.endpoint, cfg.uri.export))
+    Subject::Volume(cfg.uri.to_string())
 }
 
 /// Without discovery: the portals named (or the URI's), paired with the
 /// local sides as braid pairs them.
-fn fallback_paths(cfg: &VolumeConfig) -> Vec<PathSpec> {
+fn fallback_paths(cfg: &VolumeConfig, uri: &NbdUri) -> Vec<PathSpec> {
     let portals: Vec<Endpoint> = if cfg.portals.is_empty() {
-        vec![cfg.uri.endpoint.clone()]
+        vec![uri.endpoint.clone()]
     } else {
         cfg.portals.iter().copied().map(Endpoint::Tcp).collect()
     };

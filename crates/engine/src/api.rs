@@ -251,6 +251,8 @@ pub struct PathReport {
     pub latency_1m: Histogram,
     pub idle: Duration,
     pub fencing: bool,
+    /// What the target says of the path's port (ALUA).
+    pub access: super::Access,
     /// The knobs set for the path (priority, weight, standby, ...).
     pub config: super::PathConfig,
 }

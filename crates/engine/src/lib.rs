@@ -23,6 +23,9 @@
 //!   requests fail with EIO; nothing is completed that the target did not
 //!   acknowledge.
 
+mod access;
+#[cfg(test)]
+mod access_tests;
 mod api;
 mod counters;
 mod failover;
@@ -41,6 +44,7 @@ use std::time::Duration;
 use braid_policy::{PathView, Policy, Request as PolicyRequest};
 use braid_proto::{CmdFlags, Cookie, Errno};
 
+pub use access::Access;
 pub use api::{
     Action, ChunkInfo, EngineConfig, Event, FenceId, IoError, Op, PathId, PathReport, ReqId,
     SendChunk, Submit,
@@ -447,7 +451,7 @@ impl Engine {
             write: piece.op.is_write(),
         };
         match self.policy.choose(&req, &self.views) {
-            Some(path) if self.paths.get(path).is_some_and(Path::usable) => {
+            Some(path) if self.views.get(path).is_some_and(|v| v.usable) => {
                 self.send(now, piece, path);
                 Some(path)
             }
@@ -515,6 +519,7 @@ impl Engine {
     fn refresh_views(&mut self, now: Duration) {
         self.views.clear();
         self.views.extend(self.paths.iter().map(|p| p.view(now)));
+        access::apply(&self.paths, &mut self.views);
         // A path measured slow and then starved (sent too little to be kept
         // full, so never measured again) would stay starved: after a while
         // without a sample its estimate is forgotten, so the policy tries it
@@ -547,6 +552,7 @@ impl Engine {
             latency_1m: p.recent_latency.over(now, Duration::from_secs(60)),
             idle: now.saturating_sub(p.last_activity),
             fencing: p.fencing,
+            access: p.access,
             config: p.config.clone(),
         }
     }

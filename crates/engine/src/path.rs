@@ -121,6 +121,8 @@ pub(crate) struct Path {
     pub enabled: bool,
     /// Evidence that the path is alive while its replies are late.
     pub liveness: super::liveness::Liveness,
+    /// The target's word on the path's port (ALUA).
+    pub access: super::Access,
 }
 
 /// Throughput is sampled over at least this much busy time, so one small
@@ -170,6 +172,7 @@ impl Path {
             fencing: false,
             enabled: true,
             liveness: Default::default(),
+            access: Default::default(),
         }
     }
 
@@ -347,6 +350,15 @@ impl Path {
             .unwrap_or(fallback.max(1.0));
         let expected = self.latency.or_zero() + largest_inflight as f64 / tput;
         Duration::from_secs_f64((expected * 4.0).clamp(floor.as_secs_f64(), ceiling.as_secs_f64()))
+    }
+
+    /// Takes a chunk off a connection's load without a reply to measure
+    /// (the target sent it back unexecuted).
+    pub fn released(&mut self, conn: usize, bytes: u64) {
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.inflight_requests = c.inflight_requests.saturating_sub(1);
+            c.inflight_bytes = c.inflight_bytes.saturating_sub(bytes);
+        }
     }
 
     /// Forgets load after the path's connections are gone.

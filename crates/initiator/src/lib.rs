@@ -11,6 +11,7 @@
 pub mod conn;
 pub mod discover;
 pub mod forward;
+pub mod iscsi;
 pub mod pathrule;
 pub mod uri;
 mod volume;
@@ -19,8 +20,9 @@ pub use braid_engine as engine;
 
 pub use discover::LocalSpec;
 pub use engine::{IoError, Op};
+pub use iscsi::IscsiUri;
 pub use pathrule::{PathAttrs, PathRule};
-pub use uri::{Endpoint, NbdUri};
+pub use uri::{Endpoint, NbdUri, VolumeUri};
 pub use volume::{
     plan, Done, OpenError, PathFigures, Plan, PolicyError, ReplayReport, Volume, VolumeConfig,
     VolumeInfo, VolumeReport,

@@ -1,5 +1,6 @@
 //! NBD URIs as users write them (the NBD URI convention libnbd and qemu
-//! use): `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`.
+//! use): `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`;
+//! and [`VolumeUri`], either an NBD or an iSCSI URI (`iscsi.rs`).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -16,6 +17,58 @@ impl std::fmt::Display for Endpoint {
         match self {
             Self::Tcp(a) => write!(f, "{a}"),
             Self::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A volume's URI: NBD, or iSCSI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeUri {
+    Nbd(NbdUri),
+    Iscsi(crate::iscsi::IscsiUri),
+}
+
+impl VolumeUri {
+    /// What the volume is called in logs: the export, or the target and
+    /// LUN.
+    pub fn name(&self) -> String {
+        match self {
+            Self::Nbd(u) => u.export.clone(),
+            Self::Iscsi(u) => format!("{}/{}", u.target, u.lun),
+        }
+    }
+}
+
+impl std::fmt::Display for VolumeUri {
+    /// The URI without secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Nbd(u) => write!(f, "{}/{}", u.endpoint, u.export),
+            Self::Iscsi(u) => write!(f, "{u}"),
+        }
+    }
+}
+
+impl From<NbdUri> for VolumeUri {
+    fn from(u: NbdUri) -> Self {
+        Self::Nbd(u)
+    }
+}
+
+impl From<crate::iscsi::IscsiUri> for VolumeUri {
+    fn from(u: crate::iscsi::IscsiUri) -> Self {
+        Self::Iscsi(u)
+    }
+}
+
+impl std::str::FromStr for VolumeUri {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.starts_with("iscsi://") {
+            Ok(Self::Iscsi(s.parse()?))
+        } else {
+            Ok(Self::Nbd(s.parse()?))
         }
     }
 }
@@ -95,6 +148,11 @@ impl std::str::FromStr for NbdUri {
 
 /// `HOST[:PORT]` with HOST a name, an IPv4 address or `[IPv6]`.
 pub fn resolve_host(authority: &str) -> Result<SocketAddr, String> {
+    resolve_host_port(authority, DEFAULT_PORT)
+}
+
+/// [`resolve_host`] with another default port.
+pub fn resolve_host_port(authority: &str, default_port: u16) -> Result<SocketAddr, String> {
     if authority.is_empty() {
         return Err("no host".into());
     }
@@ -103,12 +161,12 @@ pub fn resolve_host(authority: &str) -> Result<SocketAddr, String> {
     }
     let bare = authority.trim_start_matches('[').trim_end_matches(']');
     if let Ok(ip) = bare.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, DEFAULT_PORT));
+        return Ok(SocketAddr::new(ip, default_port));
     }
     let with_port = if authority.contains(':') {
         authority.to_owned()
     } else {
-        format!("{authority}:{DEFAULT_PORT}")
+        format!("{authority}:{default_port}")
     };
     with_port
         .to_socket_addrs()
@@ -165,6 +223,19 @@ mod tests {
         assert_eq!(u.endpoint, Endpoint::Unix("/run/braid/vol.sock".into()));
         assert_eq!(u.export, "vol");
         assert!("nbd+unix:///vol".parse::<NbdUri>().is_err());
+    }
+
+    #[test]
+    fn either_kind_of_volume_uri() {
+        let u: VolumeUri = "nbd://127.0.0.1:10810/vol".parse().unwrap();
+        assert_eq!(
+            (u.name(), u.to_string()),
+            ("vol".into(), "127.0.0.1:10810/vol".into())
+        );
+        let u: VolumeUri = "iscsi://u%pw@127.0.0.1/iqn.2026-11.x:y/1".parse().unwrap();
+        assert_eq!(u.name(), "iqn.2026-11.x:y/1");
+        assert_eq!(u.to_string(), "iscsi://u@127.0.0.1:3260/iqn.2026-11.x:y/1");
+        assert!("iscsi://127.0.0.1/iqn".parse::<VolumeUri>().is_err());
     }
 
     #[test]

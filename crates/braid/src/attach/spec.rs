@@ -40,12 +40,38 @@ fn socket_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/run/braid"))
 }
 
+/// The local name of a volume nobody named: the NBD export's name, or
+/// the last part of the iSCSI target's name (and its LUN unless 0), in
+/// the characters an export name may hold.
+fn default_name(uri: &braid_initiator::VolumeUri) -> String {
+    match uri {
+        braid_initiator::VolumeUri::Nbd(u) => u.export.clone(),
+        braid_initiator::VolumeUri::Iscsi(u) => {
+            let last = u.target.rsplit(':').next().unwrap_or(&u.target);
+            let mut name: String = last
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            if u.lun != 0 {
+                name.push_str(&format!("-lun{}", u.lun));
+            }
+            name
+        }
+    }
+}
+
 /// The volumes the command line and the configuration file name, checked.
 pub(super) fn specs(args: &AttachArgs, file: &AttachFile) -> Result<Vec<Spec>> {
     let mut out = Vec::new();
     if let Some(uri) = &args.uri {
-        let parsed: braid_initiator::NbdUri = uri.parse().map_err(usage)?;
-        let name = args.name.clone().unwrap_or_else(|| parsed.export.clone());
+        let parsed: braid_initiator::VolumeUri = uri.parse().map_err(usage)?;
+        let name = args.name.clone().unwrap_or_else(|| default_name(&parsed));
         let name = if name.is_empty() {
             "default".into()
         } else {
@@ -71,8 +97,8 @@ pub(super) fn specs(args: &AttachArgs, file: &AttachFile) -> Result<Vec<Spec>> {
         });
     }
     for v in &file.volumes {
-        let parsed: braid_initiator::NbdUri = v.uri.parse().map_err(usage)?;
-        let name = v.name.clone().unwrap_or_else(|| parsed.export.clone());
+        let parsed: braid_initiator::VolumeUri = v.uri.parse().map_err(usage)?;
+        let name = v.name.clone().unwrap_or_else(|| default_name(&parsed));
         let tcp = v
             .tcp
             .as_deref()
@@ -94,7 +120,8 @@ pub(super) fn specs(args: &AttachArgs, file: &AttachFile) -> Result<Vec<Spec>> {
     }
     if out.is_empty() {
         return Err(usage(
-            "nothing to attach: give a URI (braid attach nbd://HOST/EXPORT) or --config FILE",
+            "nothing to attach: give a URI (braid attach nbd://HOST/EXPORT, or \
+             iscsi://HOST/IQN/LUN) or --config FILE",
         ));
     }
     let mut names = std::collections::HashSet::new();

@@ -88,7 +88,7 @@ pub fn tcp_info_raw(fd: std::os::fd::RawFd) -> Option<libc::tcp_info> {
 }
 
 /// Reads `TCP_INFO` of a socket.
-fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
+pub(crate) fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
     let info = tcp_info_raw(fd)?;
     let min_rtt = (info.tcpi_min_rtt != 0 && info.tcpi_min_rtt != u32::MAX)
         .then(|| Duration::from_micros(u64::from(info.tcpi_min_rtt)));
@@ -101,6 +101,18 @@ fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
         stalled: info.tcpi_retransmits > 0 || info.tcpi_probes > 1,
         window_closed: info.tcpi_snd_wnd == 0,
         last_ack: Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+    })
+}
+
+/// A duplicate of the stream's TCP socket, for `TCP_INFO` however the
+/// tasks that own the stream end.
+pub(crate) fn dup_socket(stream: &dyn Stream) -> Option<std::os::fd::OwnedFd> {
+    stream.tcp_fd().and_then(|fd| {
+        // SAFETY: dup of a descriptor the stream keeps open; the copy is
+        // owned by the caller and closed with it.
+        let dup = unsafe { libc::dup(fd) };
+        // SAFETY: a fresh descriptor nobody else owns.
+        (dup >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) })
     })
 }
 
@@ -170,6 +182,12 @@ pub enum ConnectError {
         found: String,
         first: String,
         expected: String,
+    },
+    #[error("iSCSI login at {endpoint}")]
+    Login {
+        endpoint: String,
+        #[source]
+        source: braid_iscsi::initiator::LoginError,
     },
     #[error("{0}")]
     Other(String),

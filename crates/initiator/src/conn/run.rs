@@ -120,13 +120,7 @@ impl Drop for ConnHandle {
 
 /// Starts the reader and writer of a negotiated connection.
 pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle {
-    // SAFETY: dup of a descriptor the stream keeps open; the copy is owned
-    // by the handle and closed with it.
-    let socket = n.stream.tcp_fd().and_then(|fd| {
-        let dup = unsafe { libc::dup(fd) };
-        // SAFETY: a fresh descriptor nobody else owns.
-        (dup >= 0).then(|| unsafe { std::os::fd::FromRawFd::from_raw_fd(dup) })
-    });
+    let socket = super::dup_socket(n.stream.as_ref());
     let (rd, wr) = tokio::io::split(n.stream);
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_loop(wr, rx, sink.clone()).in_current_span());

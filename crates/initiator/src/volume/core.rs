@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use braid_proto::reply::BlockStatus;
-use braid_proto::{CmdFlags, Cookie, Errno, Request};
+use braid_proto::{CmdFlags, Cookie, Errno};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 use tracing::{info, warn, Instrument};
 
-use crate::conn::{ConnHandle, Sink};
+use super::link::Link;
+use crate::conn::Sink;
 use crate::discover::PathSpec;
 use crate::engine::{Action, ChunkInfo, Engine, Event, IoError, Op, PathId, ReqId};
 
@@ -48,7 +49,7 @@ pub(crate) struct PathIo {
     /// `path{n, via}`, inside the volume's span: what the path's log
     /// lines and background tasks run in.
     pub span: tracing::Span,
-    pub conns: Vec<Option<ConnHandle>>,
+    pub conns: Vec<Option<Link>>,
     /// Context id of `base:allocation` on each connection.
     pub allocation: Vec<Option<u32>>,
     /// Bumped whenever the connections are replaced, so late events from
@@ -109,18 +110,11 @@ impl Core {
                         }),
                         _ => None,
                     };
-                    let req = Request {
-                        flags: s.flags,
-                        command: s.op.command(),
-                        cookie: s.cookie,
-                        offset: s.offset,
-                        length: s.len,
-                    };
                     let sent = self.paths[s.path.0]
                         .conns
                         .get(s.conn)
                         .and_then(Option::as_ref)
-                        .is_some_and(|c| c.send(&req, payload));
+                        .is_some_and(|c| c.send(&s, payload));
                     if !sent {
                         let now = shared.now();
                         self.engine.path_failed(now, s.path, "connection gone");
@@ -322,7 +316,7 @@ pub(crate) struct ConnSink {
 }
 
 impl ConnSink {
-    fn with_core<T>(&self, f: impl FnOnce(&Arc<Shared>, &mut Core) -> T) -> Option<T> {
+    pub(super) fn with_core<T>(&self, f: impl FnOnce(&Arc<Shared>, &mut Core) -> T) -> Option<T> {
         let shared = self.shared.upgrade()?;
         let mut core = shared.lock();
         if core.paths[self.path.0].generation != self.generation {
@@ -338,7 +332,7 @@ impl ConnSink {
 }
 
 /// Adds READ data that arrived for `cookie` to its request.
-fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+pub(super) fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
     let Some(info) = core.engine.chunk(cookie) else {
         return;
     };
@@ -359,7 +353,12 @@ fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
 
 /// Hands the end of `cookie`'s reply to the engine and carries out what
 /// follows from it.
-fn finish(shared: &Arc<Shared>, core: &mut Core, cookie: Cookie, error: Option<(Errno, String)>) {
+pub(super) fn finish(
+    shared: &Arc<Shared>,
+    core: &mut Core,
+    cookie: Cookie,
+    error: Option<(Errno, String)>,
+) {
     let received = core.received.remove(&cookie.0).unwrap_or(0);
     let outcome = match (error, core.engine.chunk(cookie)) {
         (Some(e), _) => Err(e),

@@ -8,37 +8,39 @@
 
 mod admin;
 mod core;
+mod link;
+mod open;
+mod open_iscsi;
 mod plan;
 mod recover;
 mod replay;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use braid_policy::{by_name, PolicyOptions, SplitRules};
+use braid_policy::PolicyOptions;
 use braid_proto::reply::Extent;
 use braid_proto::{CmdFlags, Errno, TransmissionFlags};
 use bytes::Bytes;
 use tokio::task::JoinHandle;
-use tracing::{info, warn, Instrument};
+use tracing::Instrument;
 
 use crate::conn::ConnectError;
 use crate::discover::{Expect, LocalSpec};
-use crate::engine::{Engine, EngineConfig, IoError, Op, PathId, PathReport};
+use crate::engine::{EngineConfig, IoError, Op, PathId, PathReport};
 use crate::pathrule::PathRule;
-use crate::uri::NbdUri;
+use crate::uri::VolumeUri;
 
-use self::admin::path_configs;
 pub use self::admin::PolicyError;
 pub use self::core::Done;
-use self::core::{Core, PathIo, Shared};
+use self::core::Shared;
 pub use self::plan::{plan, Plan};
 
 /// How to open a volume.
 #[derive(Clone, Debug)]
 pub struct VolumeConfig {
-    pub uri: NbdUri,
+    pub uri: VolumeUri,
     /// Portals to use instead of those the target advertises (needed for
     /// plain NBD servers, which advertise none).
     pub portals: Vec<SocketAddr>,
@@ -74,13 +76,18 @@ pub struct VolumeConfig {
     /// Bytes of writes acknowledged since the last FLUSH kept to give a
     /// restarted target again (see `replay.rs`).
     pub replay_window: u64,
+    /// iSCSI: the initiator name to log in as (default: this host's
+    /// open-iscsi name, or one made of its host name).
+    pub initiator_name: Option<String>,
+    /// iSCSI: CHAP credentials, and the target's for mutual CHAP.
+    pub chap: Option<braid_iscsi::chap::Credentials>,
 }
 
 impl VolumeConfig {
-    pub fn new(uri: NbdUri) -> Self {
+    pub fn new(uri: impl Into<VolumeUri>) -> Self {
         let engine = EngineConfig::default();
         Self {
-            uri,
+            uri: uri.into(),
             portals: Vec::new(),
             locals: Vec::new(),
             paths: Vec::new(),
@@ -95,6 +102,8 @@ impl VolumeConfig {
             danger_no_fence: false,
             tls: None,
             replay_window: 256 << 20,
+            initiator_name: None,
+            chap: None,
         }
     }
 }
@@ -129,16 +138,24 @@ pub struct VolumeInfo {
     pub fencing: bool,
     /// The target answers BLOCK_STATUS for `base:allocation`.
     pub block_status: bool,
+    /// What the paths speak: `nbd` or `iscsi`.
+    pub transport: &'static str,
 }
 
 /// Settings every background task needs.
 pub(crate) struct Settings {
     pub connections_per_path: usize,
-    pub expect: Expect,
     pub connect_timeout: Duration,
     pub probe_len: u32,
     pub max_payload: u32,
     pub fencing: bool,
+    pub transport: Transport,
+}
+
+/// What a path's connections must agree on, per transport.
+pub(crate) enum Transport {
+    Nbd(Expect),
+    Iscsi(Box<open_iscsi::Expect>),
 }
 
 /// One path's figures with its name.
@@ -199,172 +216,14 @@ impl Volume {
         // Every line the volume logs, from any task, is in this span (and
         // a path's in its own inside it), so several volumes in one
         // process can be told apart.
-        let span = tracing::info_span!("volume", export = ?cfg.uri.export);
-        Self::open_in(cfg, span.clone()).instrument(span).await
-    }
-
-    async fn open_in(cfg: VolumeConfig, span: tracing::Span) -> Result<Self, OpenError> {
-        let Plan {
-            discovery: d,
-            paths: specs,
-            tls,
-        } = plan(&cfg).await?;
-        let configs = path_configs(&cfg.paths, &specs).map_err(OpenError::Usage)?;
-        let multi = d.export.flags.can_multi_conn();
-        let spreading = specs.len() > 1 || cfg.connections_per_path.unwrap_or(1) > 1;
-        let policy_name = match (&cfg.policy, multi) {
-            (Some(p), _) if p == "failover" => p.clone(),
-            (Some(p), false) if spreading => {
-                return Err(OpenError::Usage(format!(
-                    "policy {p:?} spreads one volume over several connections, but the server does \
-                     not offer CAN_MULTI_CONN (its connections may not share a cache, so a flush on \
-                     one would not cover writes on another); use --policy failover with this server"
-                )))
+        let span = tracing::info_span!("volume", export = ?cfg.uri.name());
+        let run = async {
+            match cfg.uri.clone() {
+                VolumeUri::Nbd(u) => open::nbd(cfg, u, span.clone()).await,
+                VolumeUri::Iscsi(u) => open_iscsi::open(cfg, u, span.clone()).await,
             }
-            (Some(p), _) => p.clone(),
-            (None, false) if spreading => {
-                warn!(
-                    "the server does not offer CAN_MULTI_CONN: using policy failover (one \
-                     connection at a time) so flushes stay correct"
-                );
-                "failover".to_owned()
-            }
-            (None, _) => "adaptive".to_owned(),
         };
-        let policy = by_name(&policy_name, &cfg.policy_options)
-            .map_err(|e| OpenError::Usage(e.to_string()))?;
-        let connections_per_path = if multi {
-            cfg.connections_per_path.unwrap_or(1).max(1)
-        } else {
-            1
-        };
-        let export = d.export.clone();
-        let align = u64::from(export.preferred_block.max(export.min_block).max(1));
-        let max = u64::from(export.max_payload).clamp(align, 32 << 20);
-        let engine_cfg = EngineConfig {
-            split: SplitRules {
-                align,
-                chunk: cfg.chunk.unwrap_or(256 * 1024).max(align),
-                max: max / align * align,
-            },
-            size: export.size,
-            min_block: export.min_block,
-            timeout_floor: cfg.timeout_floor,
-            timeout_ceiling: cfg.timeout_ceiling.max(cfg.timeout_floor),
-            no_path_timeout: cfg.no_path_timeout,
-            ..EngineConfig::default()
-        };
-        let epoch = Instant::now();
-        let mut engine = Engine::new(engine_cfg, policy);
-        let mut paths = Vec::new();
-        for (i, (spec, config)) in specs.iter().zip(configs).enumerate() {
-            engine.add_path(config, Duration::ZERO);
-            paths.push(PathIo {
-                span: tracing::info_span!(parent: &span, "path", n = i + 1, via = %spec),
-                spec: spec.clone(),
-                conns: Vec::new(),
-                allocation: Vec::new(),
-                generation: 0,
-                reconnecting: false,
-            });
-        }
-        let first = cfg.uri.endpoint.to_string();
-        let settings = Settings {
-            connections_per_path,
-            expect: Expect {
-                export: cfg.uri.export.clone(),
-                tls,
-                size: export.size,
-                identity: d.identity.clone(),
-                source: first,
-                // Fresh for each open: a fence by this volume can name
-                // only connections this volume opened.
-                session: braid_proto::braid_ns::SessionToken(uuid::Uuid::new_v4().as_u128()),
-            },
-            connect_timeout: cfg.connect_timeout,
-            probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
-            max_payload: export.max_payload,
-            fencing: d.braid && !cfg.danger_no_fence,
-        };
-        let shared = Arc::new(Shared {
-            core: Mutex::new(Core {
-                engine,
-                reqs: Default::default(),
-                paths,
-                received: Default::default(),
-                warned_no_fencing: false,
-                replay: replay::ReplayState {
-                    window: replay::ReplayWindow::new(cfg.replay_window),
-                    instance: d.instance,
-                    available: d.instance.is_some(),
-                    ..Default::default()
-                },
-                span: span.clone(),
-            }),
-            epoch,
-            settings,
-            closed: Default::default(),
-        });
-        let opened = futures_join(specs.iter().enumerate().map(|(i, spec)| {
-            let shared = shared.clone();
-            let spec = spec.clone();
-            let timeout = shared.settings.connect_timeout;
-            async move { recover::open_conns(&shared, PathId(i), &spec, timeout).await }
-        }))
-        .await;
-        let mut failures = Vec::new();
-        for (i, r) in opened.into_iter().enumerate() {
-            if let Err(e) = r {
-                failures.push((i, e));
-            }
-        }
-        if failures.len() == specs.len() {
-            return Err(OpenError::NoPath(
-                failures
-                    .iter()
-                    .map(|(i, e)| {
-                        format!("path {} ({}): {}", i + 1, specs[*i], crate::conn::chain(e))
-                    })
-                    .collect(),
-            ));
-        }
-        for (i, e) in &failures {
-            if matches!(e, ConnectError::NotSameVolume { .. }) {
-                return Err(OpenError::Usage(e.to_string()));
-            }
-            let mut core = shared.lock();
-            let span = core.paths[*i].span.clone();
-            span.in_scope(|| warn!("did not open: {e}; retrying in the background"));
-            core.engine.reconnect_failed(PathId(*i));
-            core.act(&shared);
-        }
-        if !d.braid && specs.len() > 1 {
-            info!("the server is not braid: no fencing, and identity is checked by size only");
-        }
-        let block_status = shared
-            .lock()
-            .paths
-            .iter()
-            .any(|p| p.allocation.iter().any(Option::is_some));
-        let info = VolumeInfo {
-            export: cfg.uri.export.clone(),
-            size: export.size,
-            flags: export.flags,
-            min_block: export.min_block,
-            preferred_block: export.preferred_block,
-            max_payload: export.max_payload,
-            identity: d.identity,
-            paths: specs.iter().map(ToString::to_string).collect(),
-            connections_per_path,
-            fencing: d.braid,
-            block_status,
-        };
-        let ticker = tokio::spawn(tick(Arc::downgrade(&shared)).instrument(span));
-        Ok(Self {
-            shared,
-            info,
-            ticker: Mutex::new(Some(ticker)),
-        })
+        run.instrument(span.clone()).await
     }
 
     pub fn info(&self) -> &VolumeInfo {
@@ -376,7 +235,10 @@ impl Volume {
     ///
     /// # Errors
     ///
-    /// The target's error, or EIO when no path was available in time.
+    /// The target's error, or EIO when no path was available in time;
+    /// EINVAL for a write that is not whole blocks of the target's
+    /// minimum block size (a read that is not is widened to whole blocks
+    /// and cut back).
     pub async fn submit(
         &self,
         op: Op,
@@ -385,7 +247,65 @@ impl Volume {
         flags: CmdFlags,
         write: Option<Bytes>,
     ) -> Result<Done, IoError> {
+        let offered = match op {
+            Op::BlockStatus => self.info.block_status,
+            Op::Trim => self.info.flags.has(TransmissionFlags::SEND_TRIM),
+            Op::WriteZeroes => self.info.flags.has(TransmissionFlags::SEND_WRITE_ZEROES),
+            Op::Cache => self.info.flags.has(TransmissionFlags::SEND_CACHE),
+            Op::Read | Op::Write | Op::Flush => true,
+        };
+        if !offered {
+            return Err(IoError::Target {
+                errno: Errno::NotSup,
+                message: format!("the target does not offer {op:?}"),
+            });
+        }
+        let block = u64::from(self.info.min_block.max(1));
+        if block > 1 && (offset % block != 0 || len % block != 0) {
+            match op {
+                Op::Read => return self.read_widened(offset, len, block).await,
+                Op::Write | Op::WriteZeroes | Op::Trim => {
+                    return Err(IoError::Target {
+                        errno: Errno::Inval,
+                        message: format!(
+                            "{len} bytes at {offset} are not whole {block}-byte blocks, the \
+                             smallest the target writes"
+                        ),
+                    })
+                }
+                _ => {}
+            }
+        }
         core::submit(&self.shared, op, offset, len, flags, write).await
+    }
+
+    /// A read widened to whole blocks, cut back to what was asked.
+    async fn read_widened(&self, offset: u64, len: u64, block: u64) -> Result<Done, IoError> {
+        let start = offset / block * block;
+        let end = (offset + len).div_ceil(block) * block;
+        let done = core::submit(
+            &self.shared,
+            Op::Read,
+            start,
+            end - start,
+            CmdFlags(0),
+            None,
+        )
+        .await?;
+        let (from, to) = (offset - start, offset - start + len);
+        let data = done
+            .data
+            .into_iter()
+            .filter_map(|(at, b)| {
+                let end = at + b.len() as u64;
+                let (lo, hi) = (at.max(from), end.min(to));
+                (lo < hi).then(|| (lo - from, b.slice((lo - at) as usize..(hi - at) as usize)))
+            })
+            .collect();
+        Ok(Done {
+            data,
+            status: done.status,
+        })
     }
 
     /// Reads `len` bytes at `offset`; the pieces come back in order.
@@ -430,12 +350,6 @@ impl Volume {
     ///
     /// As [`Self::submit`]; ENOTSUP when the target cannot write zeroes.
     pub async fn write_zeroes(&self, offset: u64, len: u64, trim: bool) -> Result<(), IoError> {
-        if !self.info.flags.has(TransmissionFlags::SEND_WRITE_ZEROES) {
-            return Err(IoError::Target {
-                errno: Errno::NotSup,
-                message: "the target does not support WRITE_ZEROES".into(),
-            });
-        }
         let flags = CmdFlags(if trim { 0 } else { CmdFlags::NO_HOLE });
         self.submit(Op::WriteZeroes, offset, len, flags, None)
             .await
@@ -502,12 +416,7 @@ impl Volume {
                 })
                 .collect()
         };
-        for h in &handles {
-            h.disconnect();
-        }
-        for h in handles {
-            h.finish(Duration::from_secs(2)).await;
-        }
+        futures_join(handles.into_iter().map(|h| h.close(Duration::from_secs(2)))).await;
     }
 }
 

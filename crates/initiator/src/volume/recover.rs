@@ -14,6 +14,8 @@ use crate::discover;
 use crate::engine::{FenceId, PathId};
 
 use super::core::{ConnSink, Shared};
+use super::link::Link;
+use super::{open_iscsi, Transport};
 
 /// A reconnect dial gives up on a silent portal after this long: past
 /// TCP's first SYN retransmission at 1 s, so that a SYN lost just before a
@@ -37,7 +39,7 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
     };
     let result = staggered_dial(&shared, &spec)
         .await
-        .map(|conns| adopt(&shared, path, conns));
+        .map(|dialed| adopt(&shared, path, dialed, false));
     let mut core = shared.lock();
     core.paths[path.0].reconnecting = false;
     if let Err(e) = result {
@@ -54,7 +56,7 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
 async fn staggered_dial(
     shared: &Arc<Shared>,
     spec: &discover::PathSpec,
-) -> Result<Vec<discover::PathConn>, ConnectError> {
+) -> Result<Dialed, ConnectError> {
     let start = |dials: &mut tokio::task::JoinSet<_>| {
         let (shared, spec) = (shared.clone(), spec.clone());
         dials.spawn(async move { dial(&shared, &spec, RECONNECT_DIAL).await });
@@ -88,31 +90,51 @@ pub(crate) async fn open_conns(
     spec: &discover::PathSpec,
     timeout: Duration,
 ) -> Result<(), ConnectError> {
-    let conns = dial(shared, spec, timeout).await?;
-    adopt(shared, path, conns);
+    let dialed = dial(shared, spec, timeout).await?;
+    adopt(shared, path, dialed, true);
     Ok(())
 }
 
-/// Connects every connection of a path and probes one.
+/// A path's connections, made and checked, not yet carrying I/O.
+pub(crate) enum Dialed {
+    Nbd(Vec<discover::PathConn>),
+    Iscsi(Box<crate::iscsi::Opened>),
+}
+
+/// Connects every connection of a path and checks it: NBD connections
+/// with one probed, or an iSCSI session with its unit identified.
 async fn dial(
     shared: &Arc<Shared>,
     spec: &discover::PathSpec,
     timeout: Duration,
-) -> Result<Vec<discover::PathConn>, ConnectError> {
+) -> Result<Dialed, ConnectError> {
     let settings = &shared.settings;
+    let expect = match &settings.transport {
+        Transport::Nbd(expect) => expect,
+        Transport::Iscsi(x) => {
+            return open_iscsi::dial(x, spec, timeout)
+                .await
+                .map(|o| Dialed::Iscsi(Box::new(o)))
+        }
+    };
     let mut conns = Vec::new();
     for _ in 0..settings.connections_per_path {
-        let c = discover::connect_path(spec, &settings.expect, timeout).await?;
+        let c = discover::connect_path(spec, expect, timeout).await?;
         conns.push(c);
     }
     if let Some(first) = conns.first_mut() {
         conn::probe(&mut first.negotiated, settings.probe_len, timeout).await?;
     }
-    Ok(conns)
+    Ok(Dialed::Nbd(conns))
 }
 
-/// Hands a path's new connections to the engine.
-fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
+/// Hands a path's new connections to the engine; `opening` while the
+/// volume opens (nothing was acknowledged yet that a restart could lose).
+fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
+    let conns = match dialed {
+        Dialed::Nbd(conns) => conns,
+        Dialed::Iscsi(o) => return open_iscsi::adopt(shared, path, *o, opening),
+    };
     let settings = &shared.settings;
     let mut core = shared.lock();
     if shared.closed() {
@@ -137,7 +159,11 @@ fn adopt(shared: &Arc<Shared>, path: PathId, conns: Vec<discover::PathConn>) {
         });
         ids.push(c.server_id);
         allocation.push(c.allocation);
-        handles.push(Some(conn::start(c.negotiated, settings.max_payload, sink)));
+        handles.push(Some(Link::Nbd(conn::start(
+            c.negotiated,
+            settings.max_payload,
+            sink,
+        ))));
     }
     let p = &mut core.paths[path.0];
     p.generation = generation;
@@ -199,19 +225,26 @@ async fn fence_via(
     conns: &[ConnId],
 ) -> Result<(), ConnectError> {
     let timeout = shared.settings.connect_timeout;
+    let expect = match &shared.settings.transport {
+        Transport::Nbd(expect) => expect,
+        Transport::Iscsi(x) => {
+            let isids: Vec<_> = conns.iter().map(|c| open_iscsi::isid_of(*c)).collect();
+            return crate::iscsi::discover::fence(spec, &x.session, &isids, timeout).await;
+        }
+    };
     let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
     let cfg = ClientConfig {
         // The fence names this session's own connections, and the target
         // checks it by the token.
         list_queries: vec![
-            BraidContext::Session(shared.settings.expect.session).name(),
+            BraidContext::Session(expect.session).name(),
             BraidContext::Fence(conns.to_vec()).name(),
         ],
         finish: Finish::Abort,
-        ..ClientConfig::go(shared.settings.expect.export.clone())
+        ..ClientConfig::go(expect.export.clone())
     };
     // The target answers only once the fence is complete: allow it time.
-    let tls = shared.settings.expect.tls.as_ref();
+    let tls = expect.tls.as_ref();
     let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6, tls).await?;
     if braid_ns::confirms_fence(&n.outcome.listed, conns) {
         Ok(())

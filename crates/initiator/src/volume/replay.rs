@@ -211,12 +211,22 @@ impl super::core::Core {
         now: std::time::Duration,
         seen: Option<braid_proto::braid_ns::InstanceId>,
     ) {
-        use crate::engine::{Op, Submit};
         let Some(seen) = seen else { return };
         let before = self.replay.instance.replace(seen);
         if before.is_none_or(|b| b == seen) {
             return;
         }
+        self.target_restarted(now, &format!("new instance {seen}"));
+    }
+
+    /// The target may have lost what it acknowledged and never flushed
+    /// (`how` says why braid thinks so): the window is written again before
+    /// anything new, and FLUSHes already out are asked again after it.
+    /// Over iSCSI, which has no instance, a unit attention for a reset
+    /// (29/xx) seen by a new session is the sign. Call before the path is
+    /// handed to the engine.
+    pub(super) fn target_restarted(&mut self, now: std::time::Duration, how: &str) {
+        use crate::engine::{Op, Submit};
         self.replay.replays += 1;
         // Writes still out are newer than the window's: never replay over
         // them. FLUSHes still out cover nothing of the replay.
@@ -232,16 +242,16 @@ impl super::core::Core {
         if self.replay.window.overflowed() {
             self.replay.lost = true;
             tracing::warn!(
-                "the target restarted (new instance {seen}); more writes were acknowledged since \
-                 the last FLUSH than the replay window holds, so the next FLUSH fails"
+                "the target restarted ({how}); more writes were acknowledged since the last \
+                 FLUSH than the replay window holds, so the next FLUSH fails"
             );
             return;
         }
         let writes = self.replay.window.to_replay();
         let bytes: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
         tracing::warn!(
-            "the target restarted (new instance {seen}): writing again {} writes ({bytes} bytes) \
-             it acknowledged but may have lost, before anything else",
+            "the target restarted ({how}): writing again {} writes ({bytes} bytes) it \
+             acknowledged but may have lost, before anything else",
             writes.len()
         );
         let mut started = 0;

@@ -17,6 +17,7 @@ pub mod sendtargets;
 pub mod sense;
 pub mod session;
 pub mod unit;
+pub mod wire;
 
 pub use login::{InitiatorLogin, Isid, Kind, LoggedIn, LoginConfig, LoginError, Step};
 pub use session::{AsyncEvent, Command, Event, Outcome, Session, SessionError, TaskFunction};

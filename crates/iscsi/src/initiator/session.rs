@@ -68,6 +68,13 @@ pub enum Outcome {
     Aborted,
 }
 
+impl Outcome {
+    /// GOOD status: the command did what it was asked.
+    pub fn is_good(&self) -> bool {
+        matches!(self, Self::Status { status: 0, .. })
+    }
+}
+
 /// Task management functions (RFC 7143, "Task Management Function
 /// Request").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

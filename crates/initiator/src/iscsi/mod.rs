@@ -1,0 +1,44 @@
+//! iSCSI paths: the tokio side of `braid-iscsi`'s initiator. A path of a
+//! volume may be an iSCSI session instead of NBD connections; the engine,
+//! the policies, splitting, failover, fencing and replay are the same.
+//!
+//! - [`uri`]: `iscsi://` URIs in libiscsi's form;
+//! - [`login`]: a login run over a stream;
+//! - [`conn`]: a session at work, carrying engine chunks as SCSI commands
+//!   and probes as NOP-Out pings;
+//! - `outcome`: what a command's status means for its chunk;
+//! - [`open`]: a path opened and its unit identified;
+//! - [`discover`]: SendTargets and portal probing, and fencing a failed
+//!   session by reinstating its ISID.
+
+pub mod conn;
+pub mod discover;
+pub mod login;
+pub mod open;
+mod outcome;
+pub mod uri;
+
+pub use conn::{Conn, Replies};
+pub use open::{Opened, SessionConfig};
+pub use uri::IscsiUri;
+
+/// The initiator name braid uses unless told another: the host's
+/// open-iscsi name if it has one (so existing ACLs admit braid too), else
+/// one made of the host name.
+pub fn default_initiator_name() -> String {
+    if let Ok(text) = std::fs::read_to_string("/etc/iscsi/initiatorname.iscsi") {
+        for line in text.lines() {
+            if let Some(name) = line.trim().strip_prefix("InitiatorName=") {
+                if !name.is_empty() {
+                    return name.trim().to_owned();
+                }
+            }
+        }
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("iqn.2026-11.org.braid-storage:{host}")
+}

@@ -1,0 +1,536 @@
+//! An iSCSI volume: the URI's portal is asked for every portal of the
+//! target (SendTargets), one session learns what the unit is, and every
+//! path is an iSCSI session checked to lead to the same unit (VPD 0x83
+//! identity and size). Fencing a failed path ends its session by logging
+//! in with its ISID; a unit attention for a reset stands in for NBD's
+//! instance and triggers the replay; ALUA states feed the engine.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU16;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use braid_iscsi::chap::Credentials;
+use braid_iscsi::initiator::cdb;
+use braid_iscsi::initiator::login::Isid;
+use braid_iscsi::initiator::sense::Attention;
+use braid_iscsi::initiator::session::Command;
+use braid_iscsi::initiator::unit::{self, AccessState, Identity};
+use braid_iscsi::negotiate::Params;
+use braid_proto::braid_ns::ConnId;
+use braid_proto::{Cookie, Errno, TransmissionFlags};
+use bytes::Bytes;
+use tracing::{info, warn, Instrument};
+
+use super::admin::{path_configs, with_rules};
+use super::core::{finish, place, ConnSink, Shared};
+use super::link::Link;
+use super::open::{engine_config, policy, split_rules, start, Plan};
+use super::{replay, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
+use crate::conn::ConnectError;
+use crate::discover::{self, PathSpec};
+use crate::engine::{Access, PathId};
+use crate::iscsi::{self, IscsiUri, Opened, SessionConfig};
+use crate::uri::Endpoint;
+
+/// What every session of an iSCSI volume must agree on.
+pub(crate) struct Expect {
+    pub session: SessionConfig,
+    pub identity: Option<Identity>,
+    pub size: u64,
+    pub block_size: u32,
+    /// The portal the expectation came from, for messages.
+    pub source: String,
+    /// Each path's relative port and port group, for ALUA.
+    pub ports: Mutex<Vec<(Option<u16>, Option<u16>)>>,
+    /// Paths whose ALUA state is being watched.
+    pub watching: Mutex<HashSet<usize>>,
+}
+
+/// How often a path whose port is not active asks for its state again.
+const ALUA_POLL: Duration = Duration::from_millis(500);
+
+/// What braid asks of a target at login.
+fn params() -> Params {
+    Params {
+        header_digest: true,
+        data_digest: true,
+        max_recv_data: 256 * 1024,
+        max_burst: 1 << 20,
+        first_burst: 256 * 1024,
+        initial_r2t: false,
+        immediate_data: true,
+        max_outstanding_r2t: 8,
+        // Nothing of a failed connection is kept for recovery: braid
+        // recovers by sending elsewhere (ErrorRecoveryLevel 0).
+        default_time2wait: 0,
+        default_time2retain: 0,
+        ..Params::default()
+    }
+}
+
+/// The credentials to log in with: given, or from the URI.
+fn credentials(cfg: &VolumeConfig, uri: &IscsiUri) -> Result<Option<Credentials>, OpenError> {
+    if let Some(c) = &cfg.chap {
+        if uri.user.as_ref().is_some_and(|u| *u != c.user) {
+            return Err(OpenError::Usage(format!(
+                "the URI names CHAP user {:?} but the secret file is for {:?}",
+                uri.user.as_deref().unwrap_or_default(),
+                c.user
+            )));
+        }
+        return Ok(Some(c.clone()));
+    }
+    let Some(user) = &uri.user else {
+        return Ok(None);
+    };
+    let Some(secret) = &uri.password else {
+        return Err(OpenError::Usage(format!(
+            "the URI names CHAP user {user:?} without a secret: give it with --chap-secret-file \
+             (or in the URI as USER%SECRET)"
+        )));
+    };
+    let mutual = match (&uri.target_user, &uri.target_password) {
+        (Some(u), Some(p)) => Some((u.clone(), p.as_bytes().to_vec())),
+        (None, None) => None,
+        _ => {
+            return Err(OpenError::Usage(
+                "mutual CHAP needs both target_user and target_password".into(),
+            ))
+        }
+    };
+    Ok(Some(Credentials {
+        user: user.clone(),
+        secret: secret.as_bytes().to_vec(),
+        mutual,
+    }))
+}
+
+/// Opens an iSCSI volume.
+pub(super) async fn open(
+    cfg: VolumeConfig,
+    uri: IscsiUri,
+    span: tracing::Span,
+) -> Result<Volume, OpenError> {
+    if cfg.connections_per_path.unwrap_or(1) > 1 {
+        return Err(OpenError::Usage(
+            "an iSCSI path is one session: --connections-per-path must be 1 (give more portals \
+             or --local addresses for more paths)"
+                .into(),
+        ));
+    }
+    if cfg.tls.is_some() {
+        return Err(OpenError::Usage(
+            "iSCSI paths do not use TLS: drop --tls-ca".into(),
+        ));
+    }
+    let session = SessionConfig {
+        initiator: cfg
+            .initiator_name
+            .clone()
+            .unwrap_or_else(iscsi::default_initiator_name),
+        target: uri.target.clone(),
+        lun: uri.lun,
+        chap: credentials(&cfg, &uri)?,
+        params: params(),
+        isid_random: rand::random(),
+        next_qualifier: AtomicU16::new(1),
+    };
+    let locals = discover::resolve_locals(&with_rules(&cfg)).map_err(OpenError::Usage)?;
+    let first = Endpoint::Tcp(uri.portal);
+    let first_local = discover::pair(&locals, std::slice::from_ref(&first))
+        .into_iter()
+        .next()
+        .map(|p| p.local)
+        .unwrap_or_default();
+    let mut portals: Vec<Endpoint> = if cfg.portals.is_empty() {
+        found_portals(&uri, &first_local, &session, cfg.connect_timeout).await
+    } else {
+        cfg.portals.iter().copied().map(Endpoint::Tcp).collect()
+    };
+    for p in cfg.paths.iter().filter_map(|r| r.portal) {
+        if !portals.contains(&Endpoint::Tcp(p)) {
+            portals.push(Endpoint::Tcp(p));
+        }
+    }
+    let specs = discover::pair(&locals, &portals);
+    let configs = path_configs(&cfg.paths, &specs).map_err(OpenError::Usage)?;
+    // One session tells what the unit is; the paths are opened afresh.
+    let probe_spec = PathSpec {
+        local: first_local,
+        portal: first.clone(),
+    };
+    let o = iscsi::open::open(
+        &probe_spec,
+        &session,
+        session.next_isid(),
+        cfg.connect_timeout,
+    )
+    .await?;
+    let described = describe(&o, cfg.connect_timeout).await;
+    o.conn.logout(Duration::from_secs(1)).await;
+    let (limits, caching) = described;
+    let capacity = o.capacity.ok_or_else(|| {
+        ConnectError::Other(format!(
+            "{}: the port asked first does not serve the unit ({}); name an active portal in the URI",
+            uri.portal,
+            o.access.name()
+        ))
+    })?;
+    let bs = capacity.block_size;
+    let max_payload = match u64::from(limits.max_transfer) * u64::from(bs) {
+        0 => 32 << 20,
+        n => n.clamp(u64::from(bs), 32 << 20) as u32,
+    };
+    let mut flags = TransmissionFlags::HAS_FLAGS
+        | TransmissionFlags::SEND_FLUSH
+        | TransmissionFlags::CAN_MULTI_CONN;
+    if caching.is_some_and(|c| c.fua) {
+        flags |= TransmissionFlags::SEND_FUA;
+    }
+    if caching.is_some_and(|c| c.read_only) {
+        flags |= TransmissionFlags::READ_ONLY;
+    }
+    let preferred = bs.max(4096);
+    let split = split_rules(&cfg, bs, preferred, max_payload);
+    // A logical unit has one cache whichever port wrote to it (SBC-4):
+    // SYNCHRONIZE CACHE on one session covers writes on every other, so
+    // every policy may spread writes.
+    let policy = policy(&cfg, true, specs.len() > 1)?;
+    let identity_text = o.identity.as_ref().map(ToString::to_string);
+    if o.identity.is_none() {
+        warn!("the unit names itself neither in VPD 0x83 nor 0x80: paths are checked by size only");
+    }
+    let settings = Settings {
+        connections_per_path: 1,
+        connect_timeout: cfg.connect_timeout,
+        probe_len: bs,
+        max_payload,
+        fencing: !cfg.danger_no_fence,
+        transport: Transport::Iscsi(Box::new(Expect {
+            session,
+            identity: o.identity.clone(),
+            size: capacity.bytes(),
+            block_size: bs,
+            source: uri.portal.to_string(),
+            ports: Mutex::new(vec![(None, None); specs.len()]),
+            watching: Mutex::new(HashSet::new()),
+        })),
+    };
+    let plan = Plan {
+        engine: engine_config(&cfg, split, capacity.bytes(), bs),
+        specs,
+        configs,
+        policy,
+        settings,
+        replay: replay::ReplayState {
+            window: replay::ReplayWindow::new(cfg.replay_window),
+            available: true,
+            ..Default::default()
+        },
+        info: VolumeInfo {
+            export: uri.target.clone(),
+            size: capacity.bytes(),
+            flags: TransmissionFlags(flags),
+            min_block: bs,
+            preferred_block: preferred,
+            max_payload,
+            identity: identity_text,
+            paths: Vec::new(),
+            connections_per_path: 1,
+            fencing: !cfg.danger_no_fence,
+            block_status: false,
+            transport: "iscsi",
+        },
+    };
+    start(plan, span).await
+}
+
+/// Every reachable portal of the target, the URI's first; what discovery
+/// left out is logged.
+async fn found_portals(
+    uri: &IscsiUri,
+    local: &crate::conn::Local,
+    session: &SessionConfig,
+    timeout: Duration,
+) -> Vec<Endpoint> {
+    match iscsi::discover::portals(uri.portal, local, session, timeout).await {
+        Ok(p) => {
+            if p.unlisted {
+                warn!(target = %uri.target, "SendTargets does not list the target: using {} only", uri.portal);
+            }
+            for (addr, why) in &p.left_out {
+                info!("portal {addr} from SendTargets left out: {why}");
+            }
+            p.reachable.into_iter().map(Endpoint::Tcp).collect()
+        }
+        Err(e) => {
+            warn!(
+                "SendTargets at {} failed ({}): using that portal only",
+                uri.portal,
+                crate::conn::chain(&e)
+            );
+            vec![Endpoint::Tcp(uri.portal)]
+        }
+    }
+}
+
+/// The unit's limits and caching, which not every target answers.
+async fn describe(o: &Opened, timeout: Duration) -> (unit::BlockLimits, Option<unit::Caching>) {
+    let lun = o.conn.lun();
+    let call = |c: [u8; 16], read: u32| {
+        o.conn.call(
+            Command {
+                lun,
+                cdb: c,
+                read,
+                write: None,
+            },
+            timeout,
+        )
+    };
+    let limits = match call(cdb::inquiry(Some(0xb0), 64), 64).await {
+        Ok(a) if a.outcome.is_good() => unit::block_limits(&a.data).unwrap_or_default(),
+        _ => Default::default(),
+    };
+    let caching = match call(cdb::mode_sense_caching(64), 64).await {
+        Ok(a) if a.outcome.is_good() => unit::caching(&a.data).ok(),
+        _ => None,
+    };
+    (limits, caching)
+}
+
+/// Opens a session on `spec` and checks it leads to the volume's unit.
+///
+/// # Errors
+///
+/// As [`iscsi::open::open`], or [`ConnectError::NotSameVolume`] with both
+/// identities.
+pub(super) async fn dial(
+    x: &Expect,
+    spec: &PathSpec,
+    timeout: Duration,
+) -> Result<Opened, ConnectError> {
+    let o = iscsi::open::open(spec, &x.session, x.session.next_isid(), timeout).await?;
+    let describe = |id: &Option<Identity>, size: Option<u64>| {
+        let id = id
+            .as_ref()
+            .map_or("a unit without identity".to_owned(), |i| format!("LUN {i}"));
+        match size {
+            Some(s) => format!("{id} of {s} bytes"),
+            None => id,
+        }
+    };
+    let size = o.capacity.map(|c| c.bytes());
+    let other_unit = x.identity.is_some() && o.identity != x.identity;
+    let other_size = size.is_some_and(|s| s != x.size)
+        || o.capacity.is_some_and(|c| c.block_size != x.block_size);
+    if other_unit || other_size {
+        o.conn.logout(Duration::from_secs(1)).await;
+        return Err(ConnectError::NotSameVolume {
+            portal: spec.portal.to_string(),
+            found: describe(&o.identity, size),
+            first: x.source.clone(),
+            expected: describe(&x.identity, Some(x.size)),
+        });
+    }
+    Ok(o)
+}
+
+/// The engine's id of a session: its ISID, which is what fences it.
+pub(super) fn conn_id(isid: Isid) -> ConnId {
+    let mut b = [0u8; 16];
+    b[10..].copy_from_slice(&isid.0);
+    ConnId(u128::from_be_bytes(b))
+}
+
+/// The ISID a session's id names.
+pub(super) fn isid_of(id: ConnId) -> Isid {
+    let b = id.0.to_be_bytes();
+    let mut isid = [0u8; 6];
+    isid.copy_from_slice(&b[10..]);
+    Isid(isid)
+}
+
+fn access(state: AccessState) -> Access {
+    match state {
+        AccessState::ActiveOptimized => Access::Optimized,
+        AccessState::ActiveNonOptimized => Access::NonOptimized,
+        AccessState::Standby => Access::Standby,
+        AccessState::Transitioning => Access::Transitioning,
+        AccessState::Unavailable | AccessState::Other(_) => Access::Unavailable,
+    }
+}
+
+/// Hands a path's new session to the engine. A reset the session saw
+/// (after the volume opened) means the target may have lost unflushed
+/// writes: they are written again first.
+pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool) {
+    let Transport::Iscsi(x) = &shared.settings.transport else {
+        unreachable!("iSCSI sessions only on iSCSI volumes")
+    };
+    let mut core = shared.lock();
+    if shared.closed() {
+        return;
+    }
+    let now = shared.now();
+    if o.reset_seen && !opening {
+        core.target_restarted(
+            now,
+            "a new session was told of a reset (unit attention 29h)",
+        );
+    }
+    let generation = core.paths[path.0].generation + 1;
+    let id = conn_id(o.conn.logged_in.isid);
+    let conn = Arc::new(o.conn);
+    conn.attach(Arc::new(ConnSink {
+        shared: Arc::downgrade(shared),
+        path,
+        generation,
+        allocation: None,
+    }));
+    if let Some(slot) = x
+        .ports
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_mut(path.0)
+    {
+        *slot = (o.relative_port, o.port_group);
+    }
+    let p = &mut core.paths[path.0];
+    p.generation = generation;
+    p.conns = vec![Some(Link::Iscsi(conn))];
+    p.allocation = vec![None];
+    core.engine
+        .path_up(now, path, vec![Some(id)], shared.settings.fencing);
+    let state = access(o.access);
+    core.engine.set_access(now, path, state);
+    core.act(shared);
+    drop(core);
+    if state != Access::Optimized && state != Access::NonOptimized {
+        watch(shared, path);
+    }
+}
+
+/// Watches `path`'s port until it is active again, one watcher per path.
+fn watch(shared: &Arc<Shared>, path: PathId) {
+    let Transport::Iscsi(x) = &shared.settings.transport else {
+        return;
+    };
+    if !x
+        .watching
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(path.0)
+    {
+        return;
+    }
+    let span = shared.lock().paths[path.0].span.clone();
+    let weak = Arc::downgrade(shared);
+    tokio::spawn(alua_poll(weak, path, false).instrument(span));
+}
+
+/// Asks every path's port for its state once (the target announced a
+/// change).
+fn refresh_all(shared: &Arc<Shared>) {
+    let n = shared.lock().paths.len();
+    for i in 0..n {
+        let span = shared.lock().paths[i].span.clone();
+        tokio::spawn(alua_poll(Arc::downgrade(shared), PathId(i), true).instrument(span));
+    }
+}
+
+/// Asks `path`'s port for its state: once, or (a watcher) every
+/// [`ALUA_POLL`] until the port is active again or the path's session
+/// is gone.
+async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
+    loop {
+        if !once {
+            tokio::time::sleep(ALUA_POLL).await;
+        }
+        let Some(shared) = weak.upgrade() else { return };
+        let Transport::Iscsi(x) = &shared.settings.transport else {
+            return;
+        };
+        let conn = match shared.lock().paths[path.0].conns.first() {
+            Some(Some(Link::Iscsi(c))) => Some(c.clone()),
+            _ => None,
+        };
+        let (port, group) = x.ports.lock().unwrap_or_else(|p| p.into_inner())[path.0];
+        let state = match &conn {
+            Some(c) if !shared.closed() => {
+                let timeout = shared.settings.connect_timeout;
+                iscsi::open::port_state(c, c.lun(), port, group, timeout)
+                    .await
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
+        };
+        let a = state.map(access);
+        if let (Some(s), Some(a)) = (state, a) {
+            let mut core = shared.lock();
+            let now = shared.now();
+            if core.engine.path_report(path, now).access != a {
+                info!(state = s.name(), "ALUA state of the path's port changed");
+            }
+            core.engine.set_access(now, path, a);
+            core.act(&shared);
+        }
+        if once {
+            return;
+        }
+        let active = matches!(a, Some(Access::Optimized | Access::NonOptimized));
+        if active || conn.is_none() || shared.closed() {
+            x.watching
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&path.0);
+            return;
+        }
+    }
+}
+
+impl iscsi::Replies for ConnSink {
+    fn data(&self, cookie: Cookie, offset: u64, data: Bytes) {
+        self.with_core(|_, core| place(core, cookie, Some(offset), data));
+    }
+
+    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+        self.with_core(|shared, core| finish(shared, core, cookie, error));
+    }
+
+    fn elsewhere(&self, cookie: Cookie, state: AccessState) {
+        let shared = self.with_core(|shared, core| {
+            let now = shared.now();
+            core.engine.set_access(now, self.path, access(state));
+            core.engine.retry_elsewhere(now, cookie);
+            core.act(shared);
+            shared.clone()
+        });
+        if let Some(shared) = shared {
+            watch(&shared, self.path);
+        }
+    }
+
+    fn attention(&self, attention: Attention) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        match attention {
+            Attention::Reset => {
+                self.with_core(|shared, core| {
+                    core.target_restarted(shared.now(), "a unit attention told of a reset (29h)");
+                    core.act(shared);
+                });
+            }
+            Attention::AccessChanged => refresh_all(&shared),
+            Attention::NexusLoss => {}
+            other => warn!(?other, "unit attention"),
+        }
+    }
+
+    fn lost(&self, reason: String) {
+        crate::conn::Sink::lost(self, reason);
+    }
+}
