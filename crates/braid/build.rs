@@ -31,6 +31,7 @@ fn main() {
         "ceph-mon",
         "rbd",
         "sysctl",
+        "tgtd",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());

@@ -221,7 +221,7 @@ impl Side {
 async fn write_volume(v: &Volume, offset: u64, data: Bytes) -> Result<()> {
     let block = u64::from(v.info().min_block.max(1));
     let end = offset + data.len() as u64;
-    if offset % block == 0 && end % block == 0 {
+    if offset.is_multiple_of(block) && end.is_multiple_of(block) {
         return Ok(v.write(offset, data, false).await?);
     }
     let start = offset / block * block;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid_initiator::{NbdUri, Volume, VolumeConfig};
+use braid_initiator::{Volume, VolumeConfig, VolumeUri};
 use bytes::Bytes;
 
 /// One I/O as the workload saw it, times relative to the run's start.
@@ -115,7 +115,7 @@ pub struct Workload {
 
 /// Opens the volume at `uri` with `cfg_fn` applied to its configuration.
 pub async fn open(uri: &str, cfg_fn: impl FnOnce(&mut VolumeConfig)) -> Arc<Volume> {
-    let uri: NbdUri = uri.parse().expect("uri");
+    let uri: VolumeUri = uri.parse().expect("uri");
     let mut cfg = VolumeConfig::new(uri);
     cfg_fn(&mut cfg);
     Arc::new(Volume::open(cfg).await.expect("open volume"))

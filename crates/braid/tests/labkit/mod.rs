@@ -91,7 +91,12 @@ pub fn braid_client(lab: &Lab, args: &[&str], limit: Duration) -> Output {
 
 /// Percentages from the `path N (...): SIZE (P%)` lines of a copy summary.
 pub fn shares(out: &Output) -> Vec<f64> {
-    String::from_utf8_lossy(&out.stdout)
+    shares_of(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// [`shares`] of a summary already read.
+pub fn shares_of(summary: &str) -> Vec<f64> {
+    summary
         .lines()
         .filter(|l| l.trim_start().starts_with("path "))
         .filter_map(|l| {

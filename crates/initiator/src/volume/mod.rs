@@ -261,7 +261,7 @@ impl Volume {
             });
         }
         let block = u64::from(self.info.min_block.max(1));
-        if block > 1 && (offset % block != 0 || len % block != 0) {
+        if block > 1 && !(offset.is_multiple_of(block) && len.is_multiple_of(block)) {
             match op {
                 Op::Read => return self.read_widened(offset, len, block).await,
                 Op::Write | Op::WriteZeroes | Op::Trim => {
