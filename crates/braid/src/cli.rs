@@ -563,11 +563,18 @@ pub struct ServeArgs {
     pub metrics: Option<String>,
 
     /// Also serve every export over iSCSI, as LUN 0 of target
-    /// iqn.2026-11.org.braid-storage:NAME, on every portal's address at
-    /// PORT [default: 3260]. Only READ/WRITE, SYNCHRONIZE CACHE and the
-    /// commands that describe the unit so far
+    /// iqn.2026-11.org.braid-storage:NAME (see --iscsi-iqn), on every
+    /// portal's address at PORT [default: 3260]; each portal is its own
+    /// ALUA port group, all active/optimized
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3260")]
     pub iscsi: Option<u16>,
+
+    /// Name iSCSI targets PREFIX:NAME instead, e.g.
+    /// iqn.2024-05.com.example.nas (your domain, reversed, after the month
+    /// you held it). Initiators remember target names: change it before
+    /// they log in, not after
+    #[arg(long, value_name = "PREFIX", requires = "iscsi")]
+    pub iscsi_iqn: Option<String>,
 
     /// Require CHAP of every iSCSI login, with the credentials in FILE
     /// (TOML: user, secret, and for mutual CHAP target_user and

@@ -24,6 +24,8 @@ pub struct ServeFile {
     pub iscsi: Option<u16>,
     /// CHAP credentials file for iSCSI logins (`--iscsi-chap`).
     pub iscsi_chap: Option<PathBuf>,
+    /// Prefix of iSCSI target names (`--iscsi-iqn`).
+    pub iscsi_iqn: Option<String>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
     pub tls_client_ca: Option<PathBuf>,

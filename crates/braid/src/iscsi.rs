@@ -22,7 +22,7 @@ pub async fn start(
     target: &Target,
     portals: &[Portal],
     port: u16,
-    chap: Option<braid_iscsi::chap::Credentials>,
+    cfg: braid_target::iscsi::IscsiConfig,
 ) -> Result<(tokio::task::JoinHandle<()>, IscsiHandle)> {
     let portals: Vec<Portal> = portals
         .iter()
@@ -35,16 +35,12 @@ pub async fn start(
             }
         })
         .collect();
-    if chap.is_none() {
+    if cfg.chap.is_none() {
         warn!(
             "iSCSI without CHAP: any client that can connect (within an export's --allow list) \
              may log in; --iscsi-chap FILE requires credentials"
         );
     }
-    let cfg = braid_target::iscsi::IscsiConfig {
-        chap,
-        ..Default::default()
-    };
     let server = IscsiServer::bind(&portals, &target.exports(), &cfg).await?;
     for p in server.handle().portals() {
         info!("iSCSI listening on {} (portal group {})", p.addr, p.tag);
@@ -55,6 +51,49 @@ pub async fn start(
     let handle = server.handle();
     let stop = target.stop_handle().subscribe();
     Ok((tokio::spawn(server.run(stop)), handle))
+}
+
+/// An IQN prefix from the command line or serve.toml, checked: target
+/// names are it and the export's name, so it must be a valid IQN up to
+/// the colon (RFC 3720 3.2.6.3.1: `iqn.YYYY-MM.reversed.domain`, lower
+/// case). The colon is added when missing.
+///
+/// # Errors
+///
+/// What is wrong with it, and an example of the form.
+pub fn iqn_prefix(given: &str) -> std::result::Result<String, String> {
+    let example = "e.g. iqn.2024-05.com.example.storage";
+    let p = given.strip_suffix(':').unwrap_or(given);
+    let bad = |why: &str| format!("--iscsi-iqn {given:?}: {why} ({example})");
+    let rest = p
+        .strip_prefix("iqn.")
+        .ok_or_else(|| bad("an IQN starts with \"iqn.\""))?;
+    let date_ok = rest.len() > 8
+        && rest.as_bytes()[..7].iter().enumerate().all(|(i, c)| {
+            if i == 4 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+        && rest.as_bytes()[7] == b'.';
+    if !date_ok {
+        return Err(bad("the naming authority's date comes first, as YYYY-MM."));
+    }
+    if let Some(c) = p
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | ':')))
+    {
+        return Err(bad(&format!(
+            "{c:?} is not allowed (lower-case letters, digits, '.', '-' and ':')"
+        )));
+    }
+    if p.len() > 200 {
+        return Err(bad(
+            "too long: names end at 223 bytes, and the export's name follows",
+        ));
+    }
+    Ok(format!("{p}:"))
 }
 
 /// The control socket's `alua` request.
@@ -140,4 +179,31 @@ pub fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Cre
         secret,
         mutual,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::iqn_prefix;
+
+    #[test]
+    fn an_iqn_prefix_is_checked_and_ends_in_a_colon() {
+        assert_eq!(
+            iqn_prefix("iqn.2024-05.com.example.nas").as_deref(),
+            Ok("iqn.2024-05.com.example.nas:")
+        );
+        assert_eq!(
+            iqn_prefix("iqn.2024-05.com.example:nas:").as_deref(),
+            Ok("iqn.2024-05.com.example:nas:")
+        );
+        for (bad, why) in [
+            ("eui.02004567a425678d", "starts with"),
+            ("iqn.24-05.com.example", "YYYY-MM"),
+            ("iqn.2024-05", "YYYY-MM"),
+            ("iqn.2024-05.com.Example", "'E' is not allowed"),
+            ("iqn.2024-05.com example", "' ' is not allowed"),
+        ] {
+            let e = iqn_prefix(bad).unwrap_err();
+            assert!(e.contains(why) && e.contains("e.g. iqn."), "{bad}: {e}");
+        }
+    }
 }

@@ -38,6 +38,8 @@ struct ServeConfig {
     iscsi: Option<u16>,
     /// CHAP credentials every iSCSI login must prove.
     iscsi_chap: Option<braid_iscsi::chap::Credentials>,
+    /// What every iSCSI target name starts with.
+    iscsi_iqn: String,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -233,8 +235,8 @@ impl ServeConfig {
         let iscsi = args.iscsi.or(file.iscsi);
         if iscsi.is_some() && tls.is_some() {
             return Err(usage(
-                "--iscsi with --tls-cert: braid's iSCSI portals have no TLS (nor CHAP yet), so they \
-                 would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
+                "--iscsi with --tls-cert: braid's iSCSI portals have no TLS (CHAP authenticates \
+                 but does not encrypt), so they would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
             ));
         }
         if iscsi.is_some()
@@ -270,10 +272,18 @@ impl ServeConfig {
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
         }
+        let iscsi_iqn = match args.iscsi_iqn.or(file.iscsi_iqn) {
+            Some(_) if iscsi.is_none() => {
+                return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
+            }
+            Some(p) => crate::iscsi::iqn_prefix(&p).map_err(usage)?,
+            None => braid_target::iscsi::DEFAULT_IQN_PREFIX.to_owned(),
+        };
         Ok(Self {
             metrics,
             iscsi,
             iscsi_chap,
+            iscsi_iqn,
             listen,
             default_listen,
             read_only: args.read_only,
@@ -332,8 +342,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
-                let chap = cfg.iscsi_chap.clone();
-                Some(crate::iscsi::start(&target, &portals, port, chap).await?)
+                let settings = braid_target::iscsi::IscsiConfig {
+                    iqn_prefix: cfg.iscsi_iqn.clone(),
+                    chap: cfg.iscsi_chap.clone(),
+                    state_dir: Some(cfg.state_dir.clone()),
+                };
+                Some(crate::iscsi::start(&target, &portals, port, settings).await?)
             }
             None => None,
         };

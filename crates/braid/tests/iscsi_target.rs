@@ -124,20 +124,27 @@ fn conformance(urls: &[String]) -> (String, Vec<u64>) {
     ignore = "needs iscsi-test-cu: install it (scripts/test-all installs every tool the tests use)"
 )]
 #[test]
-fn libiscsis_whole_conformance_suite_passes_on_one_portal() {
+fn libiscsis_whole_conformance_suite_passes_on_one_portal_and_on_two() {
     if !tool("iscsi-test-cu") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let serve = serve(dir.path(), port);
-    let (text, counts) = conformance(&[format!("iscsi://127.0.0.1:{port}/{TARGET}/0")]);
-    assert!(
-        counts[1] >= 200,
-        "the suite ran only {} tests:\n{text}",
-        counts[1]
-    );
-    assert_eq!(counts[3], 0, "failed:\n{text}\n{}", serve.log());
+    let url = |host: &str| format!("iscsi://{host}:{port}/{TARGET}/0");
+    // With two URLs its multipath tests run, one session through each.
+    for urls in [
+        vec![url("127.0.0.1")],
+        vec![url("127.0.0.1"), url("127.0.0.2")],
+    ] {
+        let (text, counts) = conformance(&urls);
+        assert!(
+            counts[1] >= 200,
+            "the suite ran only {} tests:\n{text}",
+            counts[1]
+        );
+        assert_eq!(counts[3], 0, "failed:\n{text}\n{}", serve.log());
+    }
 }
 
 #[cfg_attr(
@@ -248,6 +255,37 @@ fn iscsi_is_refused_beside_tls() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no TLS"), "{err}");
+}
+
+#[test]
+fn targets_are_named_after_the_operators_iqn_prefix() {
+    let port = free_port();
+    let _serve = Serve::start(&[
+        "--iscsi",
+        &port.to_string(),
+        "--iscsi-iqn",
+        "iqn.2024-05.com.example.nas",
+        "vol=mem:1MiB",
+    ]);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut i = iscsikit::Initiator::login(addr, "iqn.2024-05.com.example.nas:vol");
+    assert!(i.exec(&[0; 6], &[], 0).good(), "TEST UNIT READY");
+    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
+        .args([
+            "serve",
+            "--iscsi",
+            "--iscsi-iqn",
+            "nas.example.com",
+            "vol=mem:1MiB",
+        ])
+        .output()
+        .expect("braid serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("an IQN starts with") && err.contains("e.g."),
+        "{err}"
+    );
 }
 
 #[cfg_attr(

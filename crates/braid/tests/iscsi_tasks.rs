@@ -12,17 +12,9 @@ mod iscsikit;
 use std::time::Duration;
 
 use iscsikit::inproc::InProcess;
-use iscsikit::{Initiator, LoginAs, CHECK_CONDITION, GOOD};
+use iscsikit::{who, Initiator, CHECK_CONDITION, GOOD};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
-
-fn who(initiator: &str, isid: u8) -> LoginAs<'_> {
-    LoginAs {
-        initiator,
-        isid: [0x80, 0, 0, 0x42, 0, isid],
-        unsolicited: false,
-    }
-}
 
 fn write(i: &mut Initiator, lba: u32, fill: u8) -> u32 {
     i.send_command(&iscsikit::write10_cdb(lba, 1), &[fill; 512], 0)

@@ -78,3 +78,27 @@ fn the_seeds_run_clean_and_reach_the_full_feature_phase() {
         deep.events
     );
 }
+
+/// The `iscsi_unit` target's seeds and crashes, each through
+/// `fuzzing::unit`.
+#[test]
+fn the_unit_targets_seeds_and_crashes_run_clean() {
+    let mut ran = 0;
+    for kind in ["seeds", "regressions"] {
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz")
+            .join(kind)
+            .join("iscsi_unit");
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.expect("reading a fuzz folder").path();
+            let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let r = catch_unwind(AssertUnwindSafe(|| fuzzing::unit(&data)));
+            assert!(r.is_ok(), "{} panics", p.display());
+            ran += 1;
+        }
+    }
+    assert!(ran >= 5, "only {ran} inputs for iscsi_unit");
+}

@@ -77,6 +77,16 @@ pub struct LoginAs<'a> {
     pub unsolicited: bool,
 }
 
+/// `initiator`'s session `isid` (the last byte of the ISID; the rest is
+/// the default's), without unsolicited data.
+pub fn who(initiator: &str, isid: u8) -> LoginAs<'_> {
+    LoginAs {
+        initiator,
+        isid: [0x80, 0, 0, 0x42, 0, isid],
+        unsolicited: false,
+    }
+}
+
 pub const DEFAULT_INITIATOR: LoginAs<'static> = LoginAs {
     initiator: "iqn.2026-11.org.braid-storage:test-initiator",
     isid: [0x80, 0, 0, 0x42, 0, 1],

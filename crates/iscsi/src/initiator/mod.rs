@@ -4,7 +4,7 @@
 //! immediate and unsolicited data and R2T answers, Data-In with status,
 //! NOP pings, task management, text requests, logout ([`session`]);
 //! SendTargets answers read ([`sendtargets`]); the CDBs braid sends
-//! ([`cdb`]); what a unit says about itself ([`unit`]); sense data and
+//! ([`cdb`]); what a unit says about itself ([`mod@unit`]); sense data and
 //! what it asks of the initiator ([`sense`]).
 //!
 //! Like the target's side, nothing here owns a socket, a task, a clock or

@@ -76,6 +76,7 @@ impl AccessState {
             Command::Inquiry { .. }
                 | Command::ReportLuns { .. }
                 | Command::ReportTargetPortGroups { .. }
+                | Command::ReportOpcodes { .. }
                 | Command::RequestSense { .. }
         );
         let (allowed, ascq) = match self {
@@ -85,6 +86,9 @@ impl AccessState {
                     || matches!(
                         cmd,
                         Command::ModeSense { .. }
+                            | Command::ModeSelect { .. }
+                            | Command::PersistentReserveIn { .. }
+                            | Command::PersistentReserveOut { .. }
                             | Command::ReadCapacity10
                             | Command::ReadCapacity16 { .. }
                     ),

@@ -83,6 +83,53 @@ pub enum Command {
         /// MODE SENSE(10) rather than (6): the header is eight bytes.
         ten: bool,
     },
+    /// VERIFY (10) or (16). `bytchk` 0: the medium is only checked; 1:
+    /// `blocks` blocks of data-out are compared with it; 3: one block of
+    /// data-out is compared with each block.
+    Verify {
+        lba: u64,
+        blocks: u32,
+        bytchk: u8,
+    },
+    /// WRITE AND VERIFY (10) or (16): written through to the medium, then
+    /// read back and compared.
+    WriteAndVerify {
+        lba: u64,
+        blocks: u32,
+    },
+    /// MODE SELECT (6) or (10): a parameter list of `param_len` bytes.
+    ModeSelect {
+        param_len: u16,
+        ten: bool,
+    },
+    /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN, service action
+    /// 0x0c).
+    ReportOpcodes {
+        /// Reporting options: 0 every command, 1 one opcode, 2 one opcode
+        /// and service action, 3 either.
+        options: u8,
+        opcode: u8,
+        action: u16,
+        /// Command timeouts descriptors asked for (RCTD).
+        timeouts: bool,
+        alloc: u32,
+    },
+    /// PERSISTENT RESERVE IN.
+    PersistentReserveIn {
+        action: u8,
+        alloc: u16,
+    },
+    /// PERSISTENT RESERVE OUT: the parameter list carries the keys.
+    PersistentReserveOut {
+        action: u8,
+        scope: u8,
+        kind: u8,
+        param_len: u32,
+    },
+    /// RESERVE (6) or (10): the whole unit, for this I_T nexus.
+    Reserve,
+    /// RELEASE (6) or (10).
+    Release,
     /// An operation code braid does not implement.
     Unsupported {
         opcode: u8,
@@ -268,6 +315,74 @@ impl Command {
                     ten,
                 }
             }
+            0x2f | 0x8f => {
+                protect(cdb)?;
+                let bytchk = (cdb[1] >> 1) & 0x03;
+                if bytchk == 2 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                let (lba, blocks) = long_or_short(opcode == 0x8f, cdb);
+                Command::Verify {
+                    lba,
+                    blocks,
+                    bytchk,
+                }
+            }
+            0x2e | 0x8e => {
+                protect(cdb)?;
+                let (lba, blocks) = long_or_short(opcode == 0x8e, cdb);
+                Command::WriteAndVerify { lba, blocks }
+            }
+            0x15 | 0x55 => {
+                // SP: saved pages are not kept.
+                if cdb[1] & 0x01 != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                let ten = opcode == 0x55;
+                Command::ModeSelect {
+                    param_len: if ten {
+                        be16(&cdb[7..9])
+                    } else {
+                        u16::from(cdb[4])
+                    },
+                    ten,
+                }
+            }
+            0xa3 if cdb[1] & 0x1f == 0x0c => {
+                let options = cdb[2] & 0x07;
+                if options > 3 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                Command::ReportOpcodes {
+                    options,
+                    opcode: cdb[3],
+                    action: be16(&cdb[4..6]),
+                    timeouts: cdb[2] & 0x80 != 0,
+                    alloc: be32(&cdb[6..10]),
+                }
+            }
+            0x5e => Command::PersistentReserveIn {
+                action: cdb[1] & 0x1f,
+                alloc: be16(&cdb[7..9]),
+            },
+            0x5f => Command::PersistentReserveOut {
+                action: cdb[1] & 0x1f,
+                scope: cdb[2] >> 4,
+                kind: cdb[2] & 0x0f,
+                param_len: be32(&cdb[5..9]),
+            },
+            0x16 | 0x17 | 0x56 | 0x57 => {
+                // Third-party reservations (and their long ids) are not
+                // offered.
+                if opcode & 0x40 != 0 && cdb[1] & 0x12 != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                }
+                if opcode & 0x01 == 0 {
+                    Command::Reserve
+                } else {
+                    Command::Release
+                }
+            }
             other => Command::Unsupported { opcode: other },
         })
     }
@@ -282,6 +397,13 @@ impl Command {
             }
             Command::WriteSame { no_data: false, .. } => Some(u64::from(block)),
             Command::Unmap { param_len } => Some(u64::from(param_len)),
+            Command::Verify {
+                blocks, bytchk: 1, ..
+            }
+            | Command::WriteAndVerify { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
+            Command::Verify { bytchk: 3, .. } => Some(u64::from(block)),
+            Command::ModeSelect { param_len, .. } => Some(u64::from(param_len)),
+            Command::PersistentReserveOut { param_len, .. } => Some(u64::from(param_len)),
             _ => None,
         }
     }
@@ -289,6 +411,16 @@ impl Command {
     /// Whether the command moves data from the initiator (Data-Out).
     pub fn writes(&self) -> bool {
         self.data_out_len(512).is_some()
+    }
+}
+
+/// The address and length of a (10) or a (16) CDB of the READ/WRITE
+/// layout.
+fn long_or_short(long: bool, cdb: &[u8]) -> (u64, u32) {
+    if long {
+        (be64(&cdb[2..10]), be32(&cdb[10..14]))
+    } else {
+        (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])))
     }
 }
 

@@ -5,13 +5,18 @@
 pub mod alua;
 pub mod attention;
 pub mod cdb;
+pub mod opcodes;
+pub mod reserve;
 pub mod respond;
 pub mod sense;
 
 pub use alua::{AccessState, PortGroup};
 pub use attention::{Attentions, Delivery};
 pub use cdb::{check_range, Command};
+pub use reserve::{NexusName, Refusal, Reservations};
 pub use sense::{Key, Sense};
 
+#[cfg(test)]
+mod reserve_tests;
 #[cfg(test)]
 mod tests;

@@ -226,13 +226,15 @@ impl Unit {
         cut(d, alloc as usize)
     }
 
-    /// MODE SENSE (6) or (10): the caching page (write cache on: a FLUSH or
-    /// SYNCHRONIZE CACHE is what makes writes durable) and the control page.
+    /// MODE SENSE (6) or (10): the caching page (write cache on unless an
+    /// initiator turned it off with MODE SELECT: then every write goes
+    /// through to the medium) and the control page.
     ///
     /// # Errors
     ///
     /// INVALID FIELD IN CDB for another page or a subpage; SAVING
     /// PARAMETERS NOT SUPPORTED for saved values.
+    #[allow(clippy::too_many_arguments)]
     pub fn mode_sense(
         &self,
         page: u8,
@@ -241,6 +243,7 @@ impl Unit {
         no_block_descriptors: bool,
         ten: bool,
         alloc: u16,
+        write_cache: bool,
     ) -> Result<Vec<u8>, Sense> {
         if control == 3 {
             return Err(Sense::new(super::sense::Key::IllegalRequest, 0x39, 0x00));
@@ -248,29 +251,18 @@ impl Unit {
         if subpage != 0 && subpage != 0xff {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
-        let changeable = control == 1;
+        // Page control 2 (defaults) shows the cache on, as a restart
+        // leaves it.
+        let wce = match control {
+            0 => write_cache,
+            _ => true,
+        };
         let mut pages = Vec::new();
         if matches!(page, 0x08 | 0x3f) {
-            let mut p = vec![0u8; 20];
-            p[0] = 0x08;
-            p[1] = 0x12;
-            if !changeable {
-                p[2] = 0x04; // WCE
-            }
-            pages.extend(p);
+            pages.extend(caching_page(control, wce));
         }
         if matches!(page, 0x0a | 0x3f) {
-            let mut p = vec![0u8; 12];
-            p[0] = 0x0a;
-            p[1] = 0x0a;
-            if !changeable {
-                // QUEUE ALGORITHM MODIFIER 1: SIMPLE tasks run in any
-                // order (they do: commands of a connection run together).
-                // TST 0 (one task set for every nexus) and TAS 0 (tasks
-                // another nexus ends go without a response) stay 0.
-                p[3] = 0x10;
-            }
-            pages.extend(p);
+            pages.extend(control_page(control));
         }
         if pages.is_empty() {
             return Err(Sense::INVALID_FIELD_IN_CDB);
@@ -298,6 +290,116 @@ impl Unit {
         d.extend(pages);
         Ok(cut(d, usize::from(alloc)))
     }
+}
+
+/// The caching mode page; with page control 1 (changeable), the mask of
+/// what MODE SELECT may change: WCE alone.
+fn caching_page(control: u8, wce: bool) -> [u8; 20] {
+    let mut p = [0u8; 20];
+    p[0] = 0x08;
+    p[1] = 0x12;
+    if control == 1 || wce {
+        p[2] = 0x04;
+    }
+    p
+}
+
+/// The control mode page: nothing in it can be changed.
+fn control_page(control: u8) -> [u8; 12] {
+    let mut p = [0u8; 12];
+    p[0] = 0x0a;
+    p[1] = 0x0a;
+    if control != 1 {
+        // QUEUE ALGORITHM MODIFIER 1: SIMPLE tasks run in any order (they
+        // do: commands of a connection run together). TST 0 (one task set
+        // for every nexus) and TAS 0 (tasks another nexus ends go without
+        // a response) stay 0.
+        p[3] = 0x10;
+    }
+    p
+}
+
+const INVALID_FIELD_IN_PARAMETERS: Sense =
+    Sense::new(super::sense::Key::IllegalRequest, 0x26, 0x00);
+
+/// A MODE SELECT (6) or (10) parameter list, checked against the unit:
+/// block descriptors may only restate the block size (and the block
+/// count, or 0), pages only the current values except what is
+/// changeable. Returns the write cache setting it asks for.
+///
+/// # Errors
+///
+/// PARAMETER LIST LENGTH ERROR for a list cut short, INVALID FIELD IN
+/// PARAMETER LIST for a value that cannot be changed or a page the unit
+/// does not have.
+pub fn mode_select(
+    unit: &Unit,
+    params: &[u8],
+    ten: bool,
+    write_cache: bool,
+) -> Result<bool, Sense> {
+    let header = if ten { 8 } else { 4 };
+    if params.is_empty() {
+        return Ok(write_cache);
+    }
+    if params.len() < header {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    let desc_len = if ten {
+        usize::from(u16::from_be_bytes([params[6], params[7]]))
+    } else {
+        usize::from(params[3])
+    };
+    if ten && params[4] & 0x01 != 0 {
+        // LONGLBA descriptors are not offered.
+        return Err(INVALID_FIELD_IN_PARAMETERS);
+    }
+    let pages_at = header + desc_len;
+    if desc_len % 8 != 0 || pages_at > params.len() {
+        return Err(Sense::PARAMETER_LIST_LENGTH);
+    }
+    for d in params[header..pages_at].chunks_exact(8) {
+        let blocks = u64::from(u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+        let size = u32::from_be_bytes([0, d[5], d[6], d[7]]);
+        if size != unit.block_size
+            || (blocks != 0 && blocks != unit.blocks.min(u64::from(u32::MAX)))
+        {
+            return Err(INVALID_FIELD_IN_PARAMETERS);
+        }
+    }
+    let mut wce = write_cache;
+    let mut rest = &params[pages_at..];
+    while !rest.is_empty() {
+        if rest.len() < 2 {
+            return Err(Sense::PARAMETER_LIST_LENGTH);
+        }
+        let (code, len) = (rest[0] & 0x3f, usize::from(rest[1]) + 2);
+        if rest[0] & 0x40 != 0 {
+            return Err(INVALID_FIELD_IN_PARAMETERS);
+        }
+        if rest.len() < len {
+            return Err(Sense::PARAMETER_LIST_LENGTH);
+        }
+        let (page, changeable): (Vec<u8>, Vec<u8>) = match code {
+            0x08 => (caching_page(0, wce).into(), caching_page(1, false).into()),
+            0x0a => (control_page(0).into(), control_page(1).into()),
+            _ => return Err(INVALID_FIELD_IN_PARAMETERS),
+        };
+        if len != page.len() {
+            return Err(INVALID_FIELD_IN_PARAMETERS);
+        }
+        // The PS bit (byte 0, bit 7) is reserved in MODE SELECT.
+        let given = &rest[..len];
+        let fixed = (2..len).all(|i| (given[i] ^ page[i]) & !changeable[i] == 0);
+        if !fixed {
+            return Err(INVALID_FIELD_IN_PARAMETERS);
+        }
+        if code == 0x08 {
+            wce = given[2] & 0x04 != 0;
+        }
+        rest = &rest[len..];
+    }
+    Ok(wce)
 }
 
 /// A VPD page: device type, page code, length, body.

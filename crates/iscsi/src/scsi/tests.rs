@@ -283,25 +283,34 @@ fn capacity_luns_mode_pages_and_sense() {
     );
 
     // MODE SENSE(6), caching page, no block descriptors: WCE set.
-    let d = u.mode_sense(0x08, 0, 0, true, false, 255).unwrap();
+    let d = u.mode_sense(0x08, 0, 0, true, false, 255, true).unwrap();
     assert_eq!(&d[..4], &[23, 0, 0x10, 0]);
     assert_eq!(&d[4..7], &[0x08, 0x12, 0x04]);
     // MODE SENSE(10), all pages, with a block descriptor.
-    let d = u.mode_sense(0x3f, 0, 0, false, true, 1024).unwrap();
+    let d = u.mode_sense(0x3f, 0, 0, false, true, 1024, true).unwrap();
     assert_eq!(u16::from_be_bytes([d[0], d[1]]) as usize, d.len() - 2);
     assert_eq!(&d[6..8], &[0, 8], "block descriptor length");
     assert_eq!(&d[8..16], &[0xff, 0xff, 0xff, 0xff, 0, 0, 2, 0]);
     assert_eq!(d[16], 0x08);
     assert_eq!(d[36], 0x0a);
-    // Changeable values: nothing is.
-    let d = u.mode_sense(0x08, 0, 1, true, false, 255).unwrap();
-    assert_eq!(d[6], 0);
+    // Changeable values: WCE alone; with the cache turned off, the current
+    // page says so and the default page does not.
+    let d = u.mode_sense(0x08, 0, 1, true, false, 255, true).unwrap();
+    assert_eq!(d[6], 0x04);
+    assert_eq!(
+        u.mode_sense(0x08, 0, 0, true, false, 255, false).unwrap()[6],
+        0
+    );
+    assert_eq!(
+        u.mode_sense(0x08, 0, 2, true, false, 255, false).unwrap()[6],
+        0x04
+    );
     assert!(
-        u.mode_sense(0x08, 0, 3, true, false, 255).is_err(),
+        u.mode_sense(0x08, 0, 3, true, false, 255, true).is_err(),
         "saved values"
     );
     assert_eq!(
-        u.mode_sense(0x19, 0, 0, true, false, 255),
+        u.mode_sense(0x19, 0, 0, true, false, 255, true),
         Err(Sense::INVALID_FIELD_IN_CDB)
     );
 
@@ -366,5 +375,49 @@ fn unmap_write_same_and_lba_status() {
     assert_eq!(
         &d[8 + 16..8 + 32],
         &[0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 24, 1, 0, 0, 0]
+    );
+}
+
+#[test]
+fn mode_select_changes_the_write_cache_and_nothing_else() {
+    use super::respond::mode_select;
+    let u = unit();
+    let bad = Sense::new(super::Key::IllegalRequest, 0x26, 0x00);
+    // What MODE SENSE(10) shows, sent back as it is: no change.
+    let mut sensed = u.mode_sense(0x3f, 0, 0, false, true, 1024, true).unwrap();
+    sensed[0] = 0;
+    sensed[1] = 0;
+    assert_eq!(mode_select(&u, &sensed, true, true), Ok(true));
+    // The caching page with WCE cleared, in a MODE SELECT(6) list.
+    let mut six = vec![0, 0, 0, 0];
+    let mut caching = u.mode_sense(0x08, 0, 0, true, false, 255, true).unwrap()[4..].to_vec();
+    caching[2] = 0;
+    six.extend_from_slice(&caching);
+    assert_eq!(mode_select(&u, &six, false, true), Ok(false));
+    // Anything else changed is refused, and so is a page braid lacks.
+    let mut other = six.clone();
+    other[4 + 2] = 0x01; // RCD
+    assert_eq!(mode_select(&u, &other, false, true), Err(bad));
+    let mut control = vec![0, 0, 0, 0];
+    control.extend_from_slice(&u.mode_sense(0x0a, 0, 0, true, false, 255, true).unwrap()[4..]);
+    assert_eq!(mode_select(&u, &control, false, false), Ok(false));
+    control[4 + 3] = 0; // QAM 0
+    assert_eq!(mode_select(&u, &control, false, true), Err(bad));
+    assert_eq!(
+        mode_select(&u, &[0, 0, 0, 0, 0x19, 2, 0, 0], false, true),
+        Err(bad)
+    );
+    // A block descriptor with another block size; lists cut short.
+    let mut desc = vec![0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x10, 0];
+    assert_eq!(mode_select(&u, &desc, false, true), Err(bad));
+    desc[10] = 0x02;
+    assert_eq!(mode_select(&u, &desc, false, true), Ok(true));
+    assert_eq!(
+        mode_select(&u, &six[..10], false, true),
+        Err(Sense::PARAMETER_LIST_LENGTH)
+    );
+    assert_eq!(
+        mode_select(&u, &[0, 0], false, true),
+        Err(Sense::PARAMETER_LIST_LENGTH)
     );
 }

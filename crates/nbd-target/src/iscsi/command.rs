@@ -11,6 +11,7 @@
 //! READs wait their turn).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use braid_iscsi::negotiate::Params;
@@ -28,6 +29,7 @@ use super::lu::Nexus;
 use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
 use super::task::{abort_all, Task};
 use super::unit::{self, Outcome};
+use super::unitwide;
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -176,6 +178,15 @@ impl Commands {
             warn!(itt, "a task tag already in use");
             return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00));
         };
+        // Checked once the task is in the set: a PREEMPT AND ABORT that
+        // removes this nexus' registration after the check finds the task
+        // there and aborts it.
+        if set_conflicts(&self.lun, &cmd) {
+            return self.outbox.send(Batch {
+                pdus: vec![conflict(itt)],
+                permit: None,
+            });
+        }
         if cmd.data_out_len(unit::BLOCK).is_some() {
             return self.write(pdu, cmd, task, slot);
         }
@@ -210,7 +221,16 @@ impl Commands {
         // Checked before any data is taken: a WRITE's range and size, a
         // parameter list's size.
         let checked = match cmd {
-            Command::Write { lba, blocks, .. } => unit::transfer_len(&self.lun.unit, lba, blocks),
+            Command::Write { lba, blocks, .. }
+            | Command::WriteAndVerify { lba, blocks }
+            | Command::Verify {
+                lba,
+                blocks,
+                bytchk: 1,
+            } => unit::transfer_len(&self.lun.unit, lba, blocks),
+            Command::Verify { lba, blocks, .. } => {
+                unit::transfer_len(&self.lun.unit, lba, blocks).map(|_| unit::BLOCK)
+            }
             Command::CompareAndWrite { blocks, .. }
                 if blocks > respond::MAX_COMPARE_AND_WRITE_BLOCKS =>
             {
@@ -234,6 +254,14 @@ impl Commands {
                         lba,
                         blocks: total / unit::BLOCK,
                         fua,
+                    },
+                    cdb_bytes,
+                    total,
+                )),
+                Command::WriteAndVerify { lba, .. } => Ok((
+                    Command::WriteAndVerify {
+                        lba,
+                        blocks: total / unit::BLOCK,
                     },
                     cdb_bytes,
                     total,
@@ -383,7 +411,7 @@ impl Commands {
                 mut buf,
                 ..
             } = w;
-            if let Command::Write { blocks, .. } = cmd {
+            if let Command::Write { blocks, .. } | Command::WriteAndVerify { blocks, .. } = cmd {
                 buf.truncate((blocks * unit::BLOCK) as usize);
             }
             let Some(outcome) = run(&lun, &task, cmd, Some(buf)).await else {
@@ -398,6 +426,7 @@ impl Commands {
                     expected,
                 )],
                 Outcome::Check(sense) => vec![check(itt, sense)],
+                Outcome::Conflict => vec![conflict(itt)],
             };
             outbox.send(Batch { pdus, permit: None });
         });
@@ -441,9 +470,29 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     if !ctl.start() {
         return None;
     }
-    let groups = || lun.shared.ports.groups();
-    let outcome = unit::execute(&lun.served.export, &lun.unit, cmd, data, groups).await;
+    let outcome = match cmd {
+        Command::PersistentReserveIn { .. }
+        | Command::PersistentReserveOut { .. }
+        | Command::Reserve
+        | Command::Release
+        | Command::ModeSelect { .. } => unitwide::execute(lun, cmd, data).await,
+        _ => {
+            let groups = || lun.shared.ports.groups();
+            let wce = lun.served.lu.write_cache.load(Ordering::Acquire);
+            unit::execute(&lun.served.export, &lun.unit, wce, cmd, data, groups).await
+        }
+    };
     (!ctl.aborted()).then_some(outcome)
+}
+
+/// Whether a reservation stops `cmd` from this session's nexus.
+fn set_conflicts(lun: &Lun, cmd: &Command) -> bool {
+    lun.served.lu.reservations().conflicts(&lun.nexus.name, cmd)
+}
+
+/// RESERVATION CONFLICT: a status with no sense data.
+fn conflict(itt: u32) -> Out {
+    response(itt, status::RESERVATION_CONFLICT, Bytes::new(), 0, 0)
 }
 
 /// A SCSI Response; `have` and `expected` bytes give the residual
@@ -484,6 +533,12 @@ fn outcome_batch(
         Outcome::Check(sense) => {
             return Batch {
                 pdus: vec![check(itt, sense)],
+                permit: None,
+            }
+        }
+        Outcome::Conflict => {
+            return Batch {
+                pdus: vec![conflict(itt)],
                 permit: None,
             }
         }

@@ -180,7 +180,11 @@ async fn full_feature(
     let mut cmds = served.map(|t| {
         let lun = Lun {
             unit: unit::describe(&t.export, &t.name, ctx.tag),
-            nexus: t.lu.join(),
+            nexus: t.lu.join(braid_iscsi::scsi::NexusName::new(
+                &s.initiator,
+                s.isid,
+                ctx.tag,
+            )),
             hold: ctx.shared.hold_for(&s.initiator),
             shared: ctx.shared.clone(),
             tag: ctx.tag,

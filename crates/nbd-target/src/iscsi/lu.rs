@@ -1,24 +1,34 @@
 //! What one export's logical unit keeps across every iSCSI session that
 //! uses it: the I_T nexuses logged in, the unit attention conditions
-//! each is owed, and the task set.
+//! each is owed, the task set, the reservations and the write cache
+//! setting.
 //!
 //! A session is one I_T nexus (one connection per session here), known
-//! by a number drawn when it logs in and dropped when it ends.
+//! by a number drawn when it logs in and dropped when it ends, and, for
+//! reservations, by its name (initiator port and target port), which a
+//! session logging in again on the same path keeps.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use braid_iscsi::scsi::{Attentions, Command, Delivery, Sense};
+use braid_iscsi::scsi::{Attentions, Command, Delivery, NexusName, Reservations, Sense};
 
 use super::task::TaskSet;
 
 /// One logical unit's shared state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LogicalUnit {
-    nexuses: Mutex<HashMap<u64, Attentions>>,
+    nexuses: Mutex<HashMap<u64, (NexusName, Attentions)>>,
     next: AtomicU64,
     pub tasks: Arc<TaskSet>,
+    reservations: Mutex<Reservations>,
+    /// Where the reservations are kept when they must outlive a restart.
+    pub saved: Option<PathBuf>,
+    /// The caching page's WCE: off, every write goes through to the
+    /// medium before it is acknowledged.
+    pub write_cache: AtomicBool,
 }
 
 /// An I_T nexus logged in to the unit; leaves it when dropped.
@@ -26,11 +36,14 @@ pub(crate) struct LogicalUnit {
 pub(crate) struct Nexus {
     lu: Arc<LogicalUnit>,
     pub id: u64,
+    pub name: NexusName,
 }
 
 impl Drop for Nexus {
     fn drop(&mut self) {
         self.lu.lock().remove(&self.id);
+        // A RESERVE (6) does not outlive its nexus.
+        self.lu.reservations().nexus_lost(Some(&self.name));
     }
 }
 
@@ -39,43 +52,91 @@ impl Nexus {
     /// nothing).
     pub fn deliver(&self, cmd: &Command) -> Delivery {
         match self.lu.lock().get_mut(&self.id) {
-            Some(a) => a.deliver(cmd),
+            Some((_, a)) => a.deliver(cmd),
             None => Delivery::Run,
         }
     }
 }
 
 impl LogicalUnit {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Attentions>> {
+    /// A unit whose reservations are kept in `saved` (and read from it
+    /// now), or only in memory.
+    ///
+    /// # Errors
+    ///
+    /// The saved file could not be read, or is not what braid writes.
+    pub fn new(saved: Option<PathBuf>) -> std::io::Result<Self> {
+        let reservations = match &saved {
+            None => Reservations::default(),
+            Some(p) => match std::fs::read_to_string(p) {
+                Ok(text) => Reservations::load(&text).map_err(|e| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("{}: {e}; fix or remove the file", p.display()),
+                    )
+                })?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Reservations::default(),
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(Self {
+            nexuses: Mutex::default(),
+            next: AtomicU64::new(0),
+            tasks: Arc::default(),
+            reservations: Mutex::new(reservations),
+            saved,
+            write_cache: AtomicBool::new(true),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, (NexusName, Attentions)>> {
         self.nexuses.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new nexus, with nothing pending.
-    pub fn join(self: &Arc<Self>) -> Nexus {
+    /// The reservations, to read or change.
+    pub fn reservations(&self) -> MutexGuard<'_, Reservations> {
+        self.reservations.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new nexus named `name`, with nothing pending.
+    pub fn join(self: &Arc<Self>, name: NexusName) -> Nexus {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, Attentions::default());
+        self.lock()
+            .insert(id, (name.clone(), Attentions::default()));
         Nexus {
             lu: self.clone(),
             id,
+            name,
         }
+    }
+
+    /// The nexuses logged in under `name`.
+    pub fn ids_of(&self, name: &NexusName) -> Vec<u64> {
+        self.lock()
+            .iter()
+            .filter(|(_, (n, _))| n == name)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Establishes `sense` on nexus `id`.
     pub fn raise_on(&self, id: u64, sense: Sense) {
-        if let Some(a) = self.lock().get_mut(&id) {
+        if let Some((_, a)) = self.lock().get_mut(&id) {
             a.raise(sense);
         }
     }
 
     /// The unit was reset (LOGICAL UNIT RESET, TARGET WARM RESET): every
-    /// nexus is told so, the one that asked included (SAM-5 6.3.3).
+    /// nexus is told so, the one that asked included (SAM-5 6.3.3), and
+    /// a RESERVE (6) reservation ends.
     pub fn reset(&self) {
+        self.reservations().nexus_lost(None);
         self.raise(Sense::DEVICE_RESET, None);
     }
 
     /// Establishes `sense` on every nexus but `except`.
     pub fn raise(&self, sense: Sense, except: Option<u64>) {
-        for (id, a) in self.lock().iter_mut() {
+        for (id, (_, a)) in self.lock().iter_mut() {
             if Some(*id) != except {
                 a.raise(sense);
             }
@@ -89,8 +150,9 @@ mod tests {
 
     #[test]
     fn a_condition_reaches_every_nexus_logged_in_once() {
-        let lu = Arc::new(LogicalUnit::default());
-        let (a, b) = (lu.join(), lu.join());
+        let lu = Arc::new(LogicalUnit::new(None).unwrap());
+        let name = |isid| NexusName::new("iqn.2026-11.org.example:a", [0, 0, 0, 0, 0, isid], 1);
+        let (a, b) = (lu.join(name(1)), lu.join(name(2)));
         lu.raise(Sense::ACCESS_STATE_CHANGED, None);
         lu.raise(Sense::REPORTED_LUNS_CHANGED, Some(b.id));
         let tur = Command::TestUnitReady;

@@ -1,6 +1,7 @@
 //! The SCSI commands that touch the medium, carried out on the export's
 //! backend: READ, WRITE, SYNCHRONIZE CACHE, WRITE SAME, UNMAP, GET LBA
-//! STATUS and COMPARE AND WRITE. Every write holds its range in the
+//! STATUS, COMPARE AND WRITE, VERIFY and WRITE AND VERIFY. With the write
+//! cache turned off (MODE SELECT) every write goes through to the medium. Every write holds its range in the
 //! export's range lock beside NBD's writers; COMPARE AND WRITE holds it
 //! alone, so nothing lands between its compare and its write.
 
@@ -37,6 +38,7 @@ fn bytes(blocks: impl Into<u64>) -> u64 {
 pub async fn execute(
     export: &Arc<Export>,
     unit: &Unit,
+    write_cache: bool,
     cmd: Command,
     data: Option<Vec<u8>>,
 ) -> Outcome {
@@ -61,6 +63,7 @@ pub async fn execute(
             }
         },
         Command::Write { lba, blocks, fua } => {
+            let fua = fua || !write_cache;
             let data = data.unwrap_or_default();
             match transfer_len(unit, lba, blocks) {
                 Err(s) => Outcome::Check(s),
@@ -119,7 +122,16 @@ pub async fn execute(
         }
         Command::GetLbaStatus { lba, alloc } => lba_status(b, unit, lba, alloc).await,
         Command::CompareAndWrite { lba, blocks, fua } => {
+            let fua = fua || !write_cache;
             compare_and_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
+        }
+        Command::Verify {
+            lba,
+            blocks,
+            bytchk,
+        } => verify(b, unit, lba, blocks, bytchk, data).await,
+        Command::WriteAndVerify { lba, blocks } => {
+            write_and_verify(b, e, unit, lba, blocks, data.unwrap_or_default()).await
         }
         _ => Outcome::Check(Sense::INVALID_OPCODE),
     }
@@ -261,5 +273,94 @@ async fn compare_and_write(
         Ok(Compared::Written) => Outcome::Good(Vec::new()),
         Ok(Compared::Differs(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
         Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+    }
+}
+
+/// The first byte of `medium` that differs from what the initiator sent
+/// (`sent` is either as long as `medium`, or one block compared with each
+/// of its blocks).
+fn first_difference(medium: &[u8], sent: &[u8]) -> Option<usize> {
+    if sent.is_empty() {
+        return None;
+    }
+    medium
+        .iter()
+        .zip(sent.iter().cycle())
+        .position(|(m, s)| m != s)
+}
+
+/// VERIFY (SBC-4 5.31): the blocks are read (a medium error shows), and
+/// with BYTCHK compared with the data sent; MISCOMPARE names the first
+/// byte that differed.
+async fn verify(
+    b: Arc<dyn Backend>,
+    unit: &Unit,
+    lba: u64,
+    blocks: u32,
+    bytchk: u8,
+    data: Option<Vec<u8>>,
+) -> Outcome {
+    let len = match transfer_len(unit, lba, blocks) {
+        Ok(len) => len as usize,
+        Err(s) => return Outcome::Check(s),
+    };
+    let sent = data.unwrap_or_default();
+    let expected = match bytchk {
+        0 => 0,
+        1 => len,
+        _ => BLOCK as usize,
+    };
+    if sent.len() != expected {
+        return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
+    }
+    if len == 0 {
+        return Outcome::Good(Vec::new());
+    }
+    let offset = bytes(lba);
+    let r = call(b, move |b| {
+        let mut now = vec![0u8; len];
+        b.read_at(&mut now, offset)
+            .map(|()| first_difference(&now, &sent))
+    })
+    .await;
+    match r {
+        Ok(None) => Outcome::Good(Vec::new()),
+        Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
+        Err(_) => Outcome::Check(Sense::READ_ERROR),
+    }
+}
+
+/// WRITE AND VERIFY (SBC-4 5.44): written through to the medium, read back
+/// and compared.
+async fn write_and_verify(
+    b: Arc<dyn Backend>,
+    e: Arc<Export>,
+    unit: &Unit,
+    lba: u64,
+    blocks: u32,
+    data: Vec<u8>,
+) -> Outcome {
+    match transfer_len(unit, lba, blocks) {
+        Err(s) => return Outcome::Check(s),
+        Ok(len) if len as usize != data.len() => {
+            return Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
+        }
+        Ok(_) => {}
+    }
+    let offset = bytes(lba);
+    let r = call(b, move |b| {
+        let _range = e.writes.shared(offset, data.len() as u64);
+        b.write_at(&data, offset, true)
+            .map_err(|_| Sense::WRITE_ERROR)?;
+        let mut back = vec![0u8; data.len()];
+        b.read_at(&mut back, offset)
+            .map_err(|_| Sense::READ_ERROR)?;
+        Ok::<_, Sense>(first_difference(&back, &data))
+    })
+    .await;
+    match r {
+        Ok(None) => Outcome::Good(Vec::new()),
+        Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
+        Err(s) => Outcome::Check(s),
     }
 }

@@ -17,6 +17,7 @@ mod sessions;
 mod task;
 mod tmf;
 mod unit;
+mod unitwide;
 
 use std::collections::HashMap;
 use std::io;
@@ -46,6 +47,9 @@ pub struct IscsiConfig {
     /// CHAP credentials every login must prove (`None`: no
     /// authentication).
     pub chap: Option<braid_iscsi::chap::Credentials>,
+    /// Where persistent reservations that must outlive a restart are
+    /// kept (`reservations/<volume identity>`); `None`: in memory only.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for IscsiConfig {
@@ -53,6 +57,7 @@ impl Default for IscsiConfig {
         Self {
             iqn_prefix: DEFAULT_IQN_PREFIX.to_owned(),
             chap: None,
+            state_dir: None,
         }
     }
 }
@@ -190,13 +195,17 @@ impl IscsiServer {
             .iter()
             .filter(|e| matches!(e.storage, Storage::Local(_)))
             .map(|e| {
-                Arc::new(Served {
+                let saved = cfg
+                    .state_dir
+                    .as_ref()
+                    .map(|d| d.join("reservations").join(e.volume.to_string()));
+                Ok(Arc::new(Served {
                     name: format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase()),
                     export: e.clone(),
-                    lu: Arc::default(),
-                })
+                    lu: Arc::new(lu::LogicalUnit::new(saved)?),
+                }))
             })
-            .collect();
+            .collect::<io::Result<_>>()?;
         Ok(Self {
             listeners,
             shared: Arc::new(Shared {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::{alua, check_range, Command, PortGroup, Sense};
+use braid_iscsi::scsi::{alua, check_range, opcodes, Command, PortGroup, Sense};
 
 use super::media;
 
@@ -25,6 +25,9 @@ pub enum Outcome {
     Good(Vec<u8>),
     /// CHECK CONDITION with this sense.
     Check(Sense),
+    /// RESERVATION CONFLICT: another nexus holds a reservation this
+    /// command may not pass.
+    Conflict,
 }
 
 /// The unit as SCSI describes it through the portal with tag `tag`, of
@@ -93,10 +96,12 @@ pub fn answer_other_lun(unit: &Unit, cmd: Command) -> Outcome {
 }
 
 /// Carries out `cmd` on LUN 0; `data` is a WRITE's data, gathered;
-/// `groups` the target port groups as they stand.
+/// `groups` the target port groups as they stand; `write_cache` the
+/// caching page's WCE.
 pub async fn execute(
     export: &Arc<Export>,
     unit: &Unit,
+    write_cache: bool,
     cmd: Command,
     data: Option<Vec<u8>>,
     groups: impl FnOnce() -> Vec<PortGroup>,
@@ -110,6 +115,7 @@ pub async fn execute(
             | Command::WriteSame { .. }
             | Command::Unmap { .. }
             | Command::CompareAndWrite { .. }
+            | Command::WriteAndVerify { .. }
     );
     if writes && unit.read_only {
         return Outcome::Check(Sense::WRITE_PROTECTED);
@@ -128,7 +134,29 @@ pub async fn execute(
             no_block_descriptors,
             alloc,
             ten,
-        } => result(unit.mode_sense(page, subpage, control, no_block_descriptors, ten, alloc)),
+        } => result(unit.mode_sense(
+            page,
+            subpage,
+            control,
+            no_block_descriptors,
+            ten,
+            alloc,
+            write_cache,
+        )),
+        Command::ReportOpcodes {
+            options,
+            opcode,
+            action,
+            timeouts,
+            alloc,
+        } => result(opcodes::report(
+            options,
+            opcode,
+            action,
+            timeouts,
+            alloc,
+            |op, sa| offered(export, unit, op, sa),
+        )),
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }
@@ -136,7 +164,18 @@ pub async fn execute(
             Outcome::Check(Sense::INVALID_OPCODE)
         }
         Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
-        _ => media::execute(export, unit, cmd, data).await,
+        _ => media::execute(export, unit, write_cache, cmd, data).await,
+    }
+}
+
+/// Whether this unit carries out a command REPORT SUPPORTED OPERATION
+/// CODES lists: UNMAP and GET LBA STATUS where the backend keeps holes,
+/// COMPARE AND WRITE where no other gateway writes the image.
+fn offered(export: &Export, unit: &Unit, opcode: u8, action: Option<u16>) -> bool {
+    match (opcode, action) {
+        (0x42, _) | (0x9e, Some(0x12)) => unit.thin,
+        (0x89, _) => export.peers.is_none(),
+        _ => true,
     }
 }
 

@@ -1,0 +1,143 @@
+//! Persistent reservations on braid's iSCSI target, as clusters use them:
+//! a PREEMPT AND ABORT fences the node it preempts (a write that node had
+//! queued never lands, and its next one meets RESERVATION CONFLICT), and
+//! registrations and the reservation survive a restart of `braid serve`
+//! when the initiator asked for that (APTPL).
+
+mod common;
+mod iscsikit;
+
+use common::{free_port, sparse_file, Serve};
+use iscsikit::inproc::InProcess;
+use iscsikit::{who, Initiator, GOOD, RESERVATION_CONFLICT};
+
+const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
+
+/// PERSISTENT RESERVE OUT `action` of type `kind` with the two keys.
+fn prout(i: &mut Initiator, action: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> u8 {
+    let cdb = [0x5f, action, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut params = key.to_be_bytes().to_vec();
+    params.extend_from_slice(&sa_key.to_be_bytes());
+    params.extend_from_slice(&[0, 0, 0, 0, u8::from(aptpl), 0, 0, 0]);
+    i.exec(&cdb, &params, 0).status
+}
+
+/// PERSISTENT RESERVE IN `action`.
+fn prin(i: &mut Initiator, action: u8) -> Vec<u8> {
+    let r = i.exec(&[0x5e, action, 0, 0, 0, 0, 0, 0x02, 0, 0], &[], 512);
+    assert_eq!(r.status, GOOD, "PERSISTENT RESERVE IN {action}");
+    r.data
+}
+
+/// The registered keys (READ KEYS).
+fn keys(i: &mut Initiator) -> Vec<u64> {
+    prin(i, 0)[8..]
+        .chunks(8)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+        .collect()
+}
+
+const WRITE_EXCLUSIVE: u8 = 1;
+const REGISTER: u8 = 0;
+const RESERVE: u8 = 1;
+const PREEMPT_AND_ABORT: u8 = 5;
+
+#[test]
+fn preempt_and_abort_fences_the_preempted_nodes_queued_write() {
+    let srv = InProcess::start(&["127.0.0.1", "127.0.0.2"]);
+    let (node_a, node_b) = (
+        "iqn.2026-11.org.example:node-a",
+        "iqn.2026-11.org.example:node-b",
+    );
+    let mut a = Initiator::login_as(srv.portals[0], TARGET, &who(node_a, 1));
+    let mut b = Initiator::login_as(srv.portals[1], TARGET, &who(node_b, 1));
+    assert_eq!(prout(&mut a, REGISTER, 0, 0, 0xa, false), GOOD);
+    assert_eq!(prout(&mut b, REGISTER, 0, 0, 0xb, false), GOOD);
+    assert_eq!(prout(&mut a, RESERVE, WRITE_EXCLUSIVE, 0xa, 0, false), GOOD);
+    a.write10(40, &[1; 512]);
+    let r = b.exec(&iscsikit::write10_cdb(41, 1), &[2; 512], 0);
+    assert_eq!(
+        r.status, RESERVATION_CONFLICT,
+        "b does not hold the reservation"
+    );
+
+    // Node a stalls with a write queued (held before the disk), and the
+    // cluster fails over to b, which fences a and writes the block.
+    srv.handle.hold(node_a, true);
+    let stale = a.send_command(&iscsikit::write10_cdb(40, 1), &[0xaa; 512], 0);
+    a.ping();
+    assert_eq!(
+        prout(&mut b, PREEMPT_AND_ABORT, WRITE_EXCLUSIVE, 0xb, 0xa, false),
+        GOOD
+    );
+    b.write10(40, &[0xbb; 512]);
+    srv.handle.hold(node_a, false);
+
+    // a learns it was preempted, and its next write is refused.
+    let r = a.exec(&[0; 6], &[], 0);
+    assert_eq!(r.sense, Some((0x6, 0x2a, 0x05)), "REGISTRATIONS PREEMPTED");
+    let r = a.exec(&iscsikit::write10_cdb(40, 1), &[0xcc; 512], 0);
+    assert_eq!(r.status, RESERVATION_CONFLICT);
+    assert!(!a.answered(stale), "the aborted write is not answered");
+    assert_eq!(
+        srv.read(40 * 512, 512),
+        [0xbb; 512],
+        "the preempted node's queued write never landed"
+    );
+    assert_eq!(keys(&mut b), [0xb]);
+}
+
+#[test]
+fn reservations_survive_a_restart_when_asked_to_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 4 << 20);
+    let state = dir.path().join("state");
+    let port = free_port();
+    let start = || {
+        Serve::start(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--iscsi",
+            &port.to_string(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            &format!("vol={}", disk.display()),
+        ])
+    };
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (node_a, node_b) = (
+        "iqn.2026-11.org.example:node-a",
+        "iqn.2026-11.org.example:node-b",
+    );
+
+    let srv = start();
+    let mut a = Initiator::login_as(addr, TARGET, &who(node_a, 1));
+    assert_eq!(prout(&mut a, REGISTER, 0, 0, 0x5eed, true), GOOD);
+    assert_eq!(
+        prout(&mut a, RESERVE, WRITE_EXCLUSIVE, 0x5eed, 0, false),
+        GOOD
+    );
+    drop(a);
+    drop(srv);
+
+    let srv = start();
+    let mut b = Initiator::login_as(addr, TARGET, &who(node_b, 1));
+    assert_eq!(keys(&mut b), [0x5eed], "the registration came back");
+    let reservation = prin(&mut b, 1);
+    assert_eq!(reservation[8..16], 0x5eedu64.to_be_bytes());
+    assert_eq!(reservation[21], WRITE_EXCLUSIVE);
+    assert_eq!(prin(&mut b, 2)[3] & 0x01, 1, "PTPL_A");
+    let r = b.exec(&iscsikit::write10_cdb(0, 1), &[9; 512], 0);
+    assert_eq!(r.status, RESERVATION_CONFLICT, "still reserved for a");
+    let mut a = Initiator::login_as(addr, TARGET, &who(node_a, 1));
+    a.write10(0, &[7; 512]);
+    // Registered again without APTPL: the next restart forgets it all.
+    assert_eq!(prout(&mut a, REGISTER, 0, 0x5eed, 0x5eed, false), GOOD);
+    drop((a, b));
+    drop(srv);
+
+    let _srv = start();
+    let mut b = Initiator::login_as(addr, TARGET, &who(node_b, 1));
+    assert_eq!(keys(&mut b), Vec::<u64>::new());
+    b.write10(0, &[9; 512]);
+}

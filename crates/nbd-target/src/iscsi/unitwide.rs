@@ -1,0 +1,143 @@
+//! Commands that change the unit for every nexus: PERSISTENT RESERVE
+//! IN/OUT, RESERVE/RELEASE and MODE SELECT.
+//!
+//! A PERSISTENT RESERVE OUT is decided on a copy of the reservations,
+//! saved (when the initiator asked for them to outlive a restart) and only
+//! then made current, so an answer never promises what a restart would
+//! forget. PREEMPT AND ABORT answers once every task of the preempted
+//! nexuses has ended: a write one of them had queued can no longer land,
+//! which is what a cluster relies on when it fences a node.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use braid_iscsi::scsi::reserve::Effects;
+use braid_iscsi::scsi::respond::mode_select;
+use braid_iscsi::scsi::{Command, Key, Refusal, Reservations, Sense};
+use tracing::{info, warn};
+
+use super::command::Lun;
+use super::task::abort_all;
+use super::unit::Outcome;
+
+const MODE_PARAMETERS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x01);
+
+fn refused(r: Refusal) -> Outcome {
+    match r {
+        Refusal::Conflict => Outcome::Conflict,
+        Refusal::Check(s) => Outcome::Check(s),
+    }
+}
+
+/// Carries out `cmd` (one of those this module owns) for `lun`'s nexus.
+pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> Outcome {
+    let lu = &lun.served.lu;
+    let me = &lun.nexus.name;
+    match cmd {
+        Command::PersistentReserveIn { action, alloc } => {
+            match lu.reservations().read(action, alloc) {
+                Ok(d) => Outcome::Good(d),
+                Err(s) => Outcome::Check(s),
+            }
+        }
+        Command::PersistentReserveOut {
+            action,
+            scope,
+            kind,
+            ..
+        } => {
+            let params = data.unwrap_or_default();
+            let fx = {
+                let mut current = lu.reservations();
+                let mut next = current.clone();
+                let fx = match next.out(me, action, scope, kind, &params) {
+                    Ok(fx) => fx,
+                    Err(r) => return refused(r),
+                };
+                if fx.changed {
+                    if let Some(path) = &lu.saved {
+                        if let Err(e) = keep(path, &next) {
+                            warn!("reservations not saved in {}: {e}", path.display());
+                            return Outcome::Check(Sense::new(Key::HardwareError, 0x53, 0x00));
+                        }
+                    }
+                }
+                *current = next;
+                fx
+            };
+            carry_out(lun, action, fx).await;
+            Outcome::Good(Vec::new())
+        }
+        Command::Reserve => match lu.reservations().reserve(me) {
+            Ok(()) => Outcome::Good(Vec::new()),
+            Err(r) => refused(r),
+        },
+        Command::Release => match lu.reservations().release(me) {
+            Ok(()) => Outcome::Good(Vec::new()),
+            Err(r) => refused(r),
+        },
+        Command::ModeSelect { ten, .. } => {
+            let params = data.unwrap_or_default();
+            let was = lu.write_cache.load(Ordering::Acquire);
+            match mode_select(&lun.unit, &params, ten, was) {
+                Ok(wce) => {
+                    if wce != was {
+                        lu.write_cache.store(wce, Ordering::Release);
+                        info!(
+                            write_cache = wce,
+                            "iSCSI MODE SELECT changed the write cache"
+                        );
+                        lu.raise(MODE_PARAMETERS_CHANGED, Some(lun.nexus.id));
+                    }
+                    Outcome::Good(Vec::new())
+                }
+                Err(s) => Outcome::Check(s),
+            }
+        }
+        _ => Outcome::Check(Sense::INVALID_OPCODE),
+    }
+}
+
+/// What a PERSISTENT RESERVE OUT does to other nexuses: their tasks
+/// aborted (PREEMPT AND ABORT) and the unit attentions they are owed.
+async fn carry_out(lun: &Lun, action: u8, fx: Effects) {
+    let lu = &lun.served.lu;
+    if !fx.abort.is_empty() {
+        let ids: Vec<u64> = fx.abort.iter().flat_map(|n| lu.ids_of(n)).collect();
+        info!(
+            preempted = fx.abort.len(),
+            sessions = ids.len(),
+            "PREEMPT AND ABORT: ending the preempted nexuses' tasks"
+        );
+        abort_all(&lu.tasks.select(|n, _| ids.contains(&n))).await;
+    }
+    for (name, sense) in fx.tell {
+        for id in lu.ids_of(&name) {
+            lu.raise_on(id, sense);
+        }
+    }
+    if action == 3 {
+        info!("persistent reservations cleared");
+    }
+}
+
+/// Saves `r` in `path` (written beside it, synced, then renamed over it),
+/// or removes the file when nothing needs to outlive a restart.
+fn keep(path: &Path, r: &Reservations) -> io::Result<()> {
+    let empty = r.is_empty() || !r.persistent();
+    if empty {
+        return match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("new");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(r.save().as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
