@@ -32,9 +32,11 @@ fn main() {
         "rbd",
         "sysctl",
         "tgtd",
+        "gcc",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());
+    values.push("\"libiscsi-dev\"".into());
     println!(
         "cargo::rustc-check-cfg=cfg(braid_skip, values({}))",
         values.join(", ")
@@ -55,6 +57,11 @@ fn main() {
         if !found {
             println!("cargo::rustc-cfg=braid_skip=\"{tool}\"");
         }
+    }
+    // libiscsi's C API, for the test client built from
+    // tests/libiscsi/qd_client.c.
+    if !std::path::Path::new("/usr/include/iscsi/iscsi.h").is_file() {
+        println!("cargo::rustc-cfg=braid_skip=\"libiscsi-dev\"");
     }
     // The uid that builds is the uid that runs `cargo test`.
     let root = std::process::Command::new("id")

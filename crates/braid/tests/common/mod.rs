@@ -389,6 +389,16 @@ pub fn tool(name: &str) -> bool {
     )
 }
 
+/// Whether `path` (a header or library a test builds against) is
+/// installed, as Debian's `package` puts it; same rule as [`tool`].
+pub fn installed(path: &str, package: &str) -> bool {
+    skip_unless(
+        Path::new(path).exists(),
+        &format!("{path} missing: install {package}"),
+        &format!("CI must install {package}"),
+    )
+}
+
 /// Whether the tests run as root (for FUSE mounts); same rule as [`tool`].
 pub fn need_root() -> bool {
     // SAFETY: geteuid has no arguments and cannot fail.

@@ -97,6 +97,17 @@ pub enum Command {
         lba: u64,
         blocks: u32,
     },
+    /// ORWRITE (16): the data sent is ORed into the blocks, atomically.
+    OrWrite {
+        lba: u64,
+        blocks: u32,
+        fua: bool,
+    },
+    /// PRE-FETCH (10) or (16).
+    Prefetch {
+        lba: u64,
+        blocks: u32,
+    },
     /// MODE SELECT (6) or (10): a parameter list of `param_len` bytes.
     ModeSelect {
         param_len: u16,
@@ -315,23 +326,35 @@ impl Command {
                     ten,
                 }
             }
-            0x2f | 0x8f => {
+            0x2f | 0x8f | 0xaf => {
                 protect(cdb)?;
                 let bytchk = (cdb[1] >> 1) & 0x03;
                 if bytchk == 2 {
                     return Err(Sense::INVALID_FIELD_IN_CDB);
                 }
-                let (lba, blocks) = long_or_short(opcode == 0x8f, cdb);
+                let (lba, blocks) = address(opcode, cdb);
                 Command::Verify {
                     lba,
                     blocks,
                     bytchk,
                 }
             }
-            0x2e | 0x8e => {
+            0x2e | 0x8e | 0xae => {
                 protect(cdb)?;
-                let (lba, blocks) = long_or_short(opcode == 0x8e, cdb);
+                let (lba, blocks) = address(opcode, cdb);
                 Command::WriteAndVerify { lba, blocks }
+            }
+            0x8b => {
+                protect(cdb)?;
+                Command::OrWrite {
+                    lba: be64(&cdb[2..10]),
+                    blocks: be32(&cdb[10..14]),
+                    fua: fua(cdb),
+                }
+            }
+            0x34 | 0x90 => {
+                let (lba, blocks) = address(opcode, cdb);
+                Command::Prefetch { lba, blocks }
             }
             0x15 | 0x55 => {
                 // SP: saved pages are not kept.
@@ -351,7 +374,7 @@ impl Command {
             0xa3 if cdb[1] & 0x1f == 0x0c => {
                 let options = cdb[2] & 0x07;
                 if options > 3 {
-                    return Err(Sense::INVALID_FIELD_IN_CDB);
+                    return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2));
                 }
                 Command::ReportOpcodes {
                     options,
@@ -400,7 +423,8 @@ impl Command {
             Command::Verify {
                 blocks, bytchk: 1, ..
             }
-            | Command::WriteAndVerify { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
+            | Command::WriteAndVerify { blocks, .. }
+            | Command::OrWrite { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
             Command::Verify { bytchk: 3, .. } => Some(u64::from(block)),
             Command::ModeSelect { param_len, .. } => Some(u64::from(param_len)),
             Command::PersistentReserveOut { param_len, .. } => Some(u64::from(param_len)),
@@ -414,13 +438,13 @@ impl Command {
     }
 }
 
-/// The address and length of a (10) or a (16) CDB of the READ/WRITE
-/// layout.
-fn long_or_short(long: bool, cdb: &[u8]) -> (u64, u32) {
-    if long {
-        (be64(&cdb[2..10]), be32(&cdb[10..14]))
-    } else {
-        (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])))
+/// The address and length of a (10), (12) or (16) CDB of the READ/WRITE
+/// layout, by its group code.
+fn address(opcode: u8, cdb: &[u8]) -> (u64, u32) {
+    match opcode >> 5 {
+        4 => (be64(&cdb[2..10]), be32(&cdb[10..14])),
+        5 => (u64::from(be32(&cdb[2..6])), be32(&cdb[6..10])),
+        _ => (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9]))),
     }
 }
 

@@ -40,6 +40,7 @@ const TABLE: &[Entry] = &[
     e(0x2a, None, &[0x2a, 0x18, F, F, F, F, 0, F, F, 0]),
     e(0x2e, None, &[0x2e, 0x16, F, F, F, F, 0, F, F, 0]),
     e(0x2f, None, &[0x2f, 0x16, F, F, F, F, 0, F, F, 0]),
+    e(0x34, None, &[0x34, 0x02, F, F, F, F, 0, F, F, 0]),
     e(0x35, None, &[0x35, 0, F, F, F, F, 0, F, F, 0]),
     e(0x41, None, &[0x41, 0x08, F, F, F, F, 0, F, F, 0]),
     e(0x42, None, &[0x42, 0, 0, 0, 0, 0, 0, F, F, 0]),
@@ -74,6 +75,11 @@ const TABLE: &[Entry] = &[
         &[0x8a, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
     ),
     e(
+        0x8b,
+        None,
+        &[0x8b, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    e(
         0x8e,
         None,
         &[0x8e, 0x16, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
@@ -82,6 +88,11 @@ const TABLE: &[Entry] = &[
         0x8f,
         None,
         &[0x8f, 0x16, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    e(
+        0x90,
+        None,
+        &[0x90, 0x02, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
     ),
     e(
         0x91,
@@ -116,6 +127,8 @@ const TABLE: &[Entry] = &[
     ),
     e(0xa8, None, &[0xa8, 0x18, F, F, F, F, F, F, F, F, 0, 0]),
     e(0xaa, None, &[0xaa, 0x18, F, F, F, F, F, F, F, F, 0, 0]),
+    e(0xae, None, &[0xae, 0x16, F, F, F, F, F, F, F, F, 0, 0]),
+    e(0xaf, None, &[0xaf, 0x16, F, F, F, F, F, F, F, F, 0, 0]),
 ];
 
 /// A command timeouts descriptor: no timeouts are promised (0: none
@@ -161,9 +174,11 @@ pub fn report(
             .iter()
             .any(|r| r.opcode == opcode && r.action.is_some());
         let found = match options {
-            1 if has_actions => return Err(Sense::INVALID_FIELD_IN_CDB),
+            // Pointed at the reporting options, so that the initiator can
+            // tell this from REPORT SUPPORTED OPERATION CODES itself missing.
+            1 if has_actions => return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2)),
             2 if !has_actions && TABLE.iter().any(|r| r.opcode == opcode) => {
-                return Err(Sense::INVALID_FIELD_IN_CDB)
+                return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2))
             }
             1 => rows.filter(|r| r.opcode == opcode).last(),
             _ => rows

@@ -109,6 +109,7 @@ fn access(cmd: &Command) -> Access {
         Command::Read { .. }
         | Command::Verify { .. }
         | Command::GetLbaStatus { .. }
+        | Command::Prefetch { .. }
         | Command::ModeSense { .. } => Access::Read,
         Command::Write { .. }
         | Command::WriteSame { .. }
@@ -116,6 +117,7 @@ fn access(cmd: &Command) -> Access {
         | Command::CompareAndWrite { .. }
         | Command::SynchronizeCache { .. }
         | Command::WriteAndVerify { .. }
+        | Command::OrWrite { .. }
         | Command::ModeSelect { .. } => Access::Write,
         _ => Access::Free,
     }

@@ -342,12 +342,12 @@ fn one_command_shows_which_cdb_bits_are_read() {
     assert_eq!(d.len(), 4 + 16 + 12);
     assert_eq!(
         opcodes::report(1, 0x9e, 0, false, 64, everything),
-        Err(Sense::INVALID_FIELD_IN_CDB),
+        Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2)),
         "an opcode with service actions needs one"
     );
     assert_eq!(
         opcodes::report(2, 0x28, 1, false, 64, everything),
-        Err(Sense::INVALID_FIELD_IN_CDB)
+        Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2))
     );
     assert_eq!(
         opcodes::report(1, 0xc0, 0, false, 64, everything).unwrap(),
@@ -422,4 +422,24 @@ fn new_cdbs_parse() {
     assert_eq!(Command::parse(&c), Ok(Command::Reserve));
     c[0] = 0x17;
     assert_eq!(Command::parse(&c), Ok(Command::Release));
+    let mut c = [0u8; 16];
+    c[0] = 0x8b;
+    c[1] = 0x08;
+    c[9] = 4;
+    c[13] = 2;
+    let o = Command::parse(&c).unwrap();
+    assert_eq!(
+        o,
+        Command::OrWrite {
+            lba: 4,
+            blocks: 2,
+            fua: true
+        }
+    );
+    assert_eq!(o.data_out_len(512), Some(1024), "ORWRITE takes its blocks");
+    c[0] = 0x90;
+    assert_eq!(
+        Command::parse(&c),
+        Ok(Command::Prefetch { lba: 4, blocks: 2 })
+    );
 }

@@ -192,7 +192,8 @@ impl Unit {
 
     fn block_limits(&self) -> Vec<u8> {
         let mut p = vec![0u8; 0x3c];
-        p[0] = 0x01; // WSNZ: WRITE SAME must name how many blocks
+        // WSNZ 0: a WRITE SAME of 0 blocks reaches the end of the medium
+        // (refused when that is more than the most one may write).
         p[1] = MAX_COMPARE_AND_WRITE_BLOCKS as u8;
         p[4..8].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());
         p[8..12].copy_from_slice(&self.max_transfer_blocks.to_be_bytes());

@@ -35,6 +35,10 @@ pub struct Sense {
     pub asc: u8,
     pub ascq: u8,
     pub information: Option<u32>,
+    /// The CDB byte (and bit) an INVALID FIELD IN CDB is about: the
+    /// sense-key specific field pointer, which tells an initiator a field
+    /// it set was refused rather than the command unknown.
+    pub field: Option<(u16, u8)>,
 }
 
 impl Sense {
@@ -55,6 +59,15 @@ impl Sense {
             asc,
             ascq,
             information: None,
+            field: None,
+        }
+    }
+
+    /// The same condition, pointing at bit `bit` of CDB byte `byte`.
+    pub const fn in_cdb_field(self, byte: u16, bit: u8) -> Self {
+        Self {
+            field: Some((byte, bit)),
+            ..self
         }
     }
 
@@ -78,6 +91,11 @@ impl Sense {
         s[7] = 10; // additional sense length: bytes 8..18
         s[12] = self.asc;
         s[13] = self.ascq;
+        if let Some((byte, bit)) = self.field {
+            // SKSV, C/D (a CDB field), BPV, the bit; then the byte.
+            s[15] = 0x80 | 0x40 | 0x08 | (bit & 0x07);
+            s[16..18].copy_from_slice(&byte.to_be_bytes());
+        }
         s
     }
 
@@ -105,6 +123,13 @@ mod tests {
         let seg = Sense::LBA_OUT_OF_RANGE.iscsi_segment();
         assert_eq!(&seg[..2], &[0, 18]);
         assert_eq!((seg[2 + 2], seg[2 + 12]), (0x05, 0x21));
+    }
+
+    #[test]
+    fn a_refused_field_is_pointed_at() {
+        let s = Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 2).fixed();
+        assert_eq!(s[15..18], [0xca, 0, 2]);
+        assert_eq!(Sense::INVALID_FIELD_IN_CDB.fixed()[15..18], [0, 0, 0]);
     }
 
     #[test]

@@ -182,10 +182,13 @@ impl Commands {
         // removes this nexus' registration after the check finds the task
         // there and aborts it.
         if set_conflicts(&self.lun, &cmd) {
-            return self.outbox.send(Batch {
-                pdus: vec![conflict(itt)],
-                permit: None,
-            });
+            if task.ctl.answer() {
+                self.outbox.send(Batch {
+                    pdus: vec![conflict(itt)],
+                    permit: None,
+                });
+            }
+            return;
         }
         if cmd.data_out_len(unit::BLOCK).is_some() {
             return self.write(pdu, cmd, task, slot);
@@ -223,6 +226,7 @@ impl Commands {
         let checked = match cmd {
             Command::Write { lba, blocks, .. }
             | Command::WriteAndVerify { lba, blocks }
+            | Command::OrWrite { lba, blocks, .. }
             | Command::Verify {
                 lba,
                 blocks,
@@ -355,7 +359,7 @@ impl Commands {
                 // PHASE ERROR, and the connection carries on.
                 warn!("WRITE data out of turn: {e}");
                 let w = self.take(itt);
-                if !w.task.ctl.aborted() {
+                if w.task.ctl.answer() {
                     self.check(itt, Sense::new(Key::AbortedCommand, 0x4b, 0x00));
                 }
                 return;
@@ -482,7 +486,7 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
             unit::execute(&lun.served.export, &lun.unit, wce, cmd, data, groups).await
         }
     };
-    (!ctl.aborted()).then_some(outcome)
+    ctl.answer().then_some(outcome)
 }
 
 /// Whether a reservation stops `cmd` from this session's nexus.

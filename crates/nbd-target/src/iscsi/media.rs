@@ -130,6 +130,16 @@ pub async fn execute(
             blocks,
             bytchk,
         } => verify(b, unit, lba, blocks, bytchk, data).await,
+        Command::OrWrite { lba, blocks, fua } => {
+            let fua = fua || !write_cache;
+            or_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
+        }
+        // There is no cache of braid's own to fetch into: nothing to do
+        // but check the range (GOOD, not CONDITION MET, says so).
+        Command::Prefetch { lba, blocks } => match check_range(lba, blocks, unit.blocks) {
+            Ok(()) => Outcome::Good(Vec::new()),
+            Err(s) => Outcome::Check(s),
+        },
         Command::WriteAndVerify { lba, blocks } => {
             write_and_verify(b, e, unit, lba, blocks, data.unwrap_or_default()).await
         }
@@ -148,6 +158,13 @@ async fn write_same(
     no_data: bool,
     data: Option<Vec<u8>>,
 ) -> Outcome {
+    // 0 blocks: to the end of the medium (the block limits page says
+    // WSNZ 0), within the same bound as any other count.
+    let blocks = match blocks {
+        0 if lba >= unit.blocks => return Outcome::Check(Sense::LBA_OUT_OF_RANGE),
+        0 => u32::try_from(unit.blocks - lba).unwrap_or(u32::MAX),
+        n => n,
+    };
     if blocks == 0 || blocks > unit.max_transfer_blocks {
         return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
     }
@@ -163,8 +180,11 @@ async fn write_same(
         return Outcome::Check(Sense::PARAMETER_LIST_LENGTH);
     }
     let (offset, len) = (bytes(lba), bytes(blocks));
-    let zero = block.iter().all(|&b| b == 0);
+    // With UNMAP on a unit that unmaps, the blocks are unmapped whatever
+    // the data (they then read as zeroes, LBPRZ), as the unmap request is
+    // what the initiator asked for; otherwise the data is written.
     let trim = unmap && unit.thin;
+    let zero = trim || block.iter().all(|&b| b == 0);
     let r = call(b, move |b| {
         let _range = e.writes.shared(offset, len);
         if zero {
@@ -213,6 +233,52 @@ async fn lba_status(b: Arc<dyn Backend>, unit: &Unit, lba: u64, alloc: u32) -> O
             Outcome::Good(respond::lba_status(&runs, alloc))
         }
         Err(_) => Outcome::Check(Sense::READ_ERROR),
+    }
+}
+
+/// ORWRITE (SBC-4 5.12): with the range held alone, the blocks are read,
+/// ORed with the data sent and written back, so no other write lands in
+/// between.
+async fn or_write(
+    e: Arc<Export>,
+    unit: &Unit,
+    lba: u64,
+    blocks: u32,
+    fua: bool,
+    data: Vec<u8>,
+) -> Outcome {
+    if e.peers.is_some() {
+        // As for COMPARE AND WRITE: other gateways' writes are not held
+        // off by this lock.
+        return Outcome::Check(Sense::INVALID_OPCODE);
+    }
+    match transfer_len(unit, lba, blocks) {
+        Err(s) => return Outcome::Check(s),
+        Ok(len) if len as usize != data.len() => {
+            return Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
+        }
+        Ok(0) => return Outcome::Good(Vec::new()),
+        Ok(_) => {}
+    }
+    let offset = bytes(lba);
+    let r = tokio::task::spawn_blocking(move || {
+        let Some(b) = backend(&e) else {
+            return Err(Sense::WRITE_ERROR);
+        };
+        let _range = e.writes.exclusive(offset, data.len() as u64);
+        let mut now = vec![0u8; data.len()];
+        b.read_at(&mut now, offset).map_err(|_| Sense::READ_ERROR)?;
+        for (n, d) in now.iter_mut().zip(&data) {
+            *n |= d;
+        }
+        b.write_at(&now, offset, fua)
+            .map_err(|_| Sense::WRITE_ERROR)
+    })
+    .await
+    .expect("ORWRITE panicked");
+    match r {
+        Ok(()) => Outcome::Good(Vec::new()),
+        Err(s) => Outcome::Check(s),
     }
 }
 

@@ -22,6 +22,8 @@ use tokio::sync::Notify;
 enum Phase {
     Waiting,
     Running,
+    /// Its response is on the way: too late to abort.
+    Answered,
     Done,
 }
 
@@ -49,11 +51,31 @@ impl TaskCtl {
     }
 
     /// Aborts the task: waiting, it will never run; running, its
-    /// response will not be sent.
-    pub fn abort(&self) {
+    /// response will not be sent. `false` when it is too late: the task
+    /// has answered (or ended), and an abort must not claim otherwise,
+    /// or the initiator would hear both that it completed and that it
+    /// was aborted.
+    pub fn abort(&self) -> bool {
+        let p = self.phase();
+        if matches!(*p, Phase::Answered | Phase::Done) {
+            return false;
+        }
         self.aborted.store(true, Ordering::Release);
+        drop(p);
         self.changed.notify_waiters();
         self.owner.notify_one();
+        true
+    }
+
+    /// Claims the right to send the task's response, unless it was
+    /// aborted first (then `false`, and nothing may be sent).
+    pub fn answer(&self) -> bool {
+        let mut p = self.phase();
+        if self.aborted() {
+            return false;
+        }
+        *p = Phase::Answered;
+        true
     }
 
     /// Moves from waiting to running, unless aborted: then `false`, and
@@ -165,14 +187,14 @@ impl TaskSet {
     }
 }
 
-/// Aborts `tasks` and waits until every one has ended.
-pub(crate) async fn abort_all(tasks: &[Arc<TaskCtl>]) {
-    for t in tasks {
-        t.abort();
-    }
+/// Aborts `tasks` and waits until every one has ended; returns how many
+/// were aborted (the rest had already answered).
+pub(crate) async fn abort_all(tasks: &[Arc<TaskCtl>]) -> usize {
+    let aborted = tasks.iter().filter(|t| t.abort()).count();
     for t in tasks {
         t.until_done().await;
     }
+    aborted
 }
 
 #[cfg(test)]
@@ -203,8 +225,29 @@ mod tests {
         assert!(ctl_b.aborted());
         assert!(!aborting.is_finished(), "b is still running");
         drop(b);
-        aborting.await.unwrap();
+        assert_eq!(aborting.await.unwrap(), 2);
         assert!(!waiting.await.unwrap(), "a never started");
         assert!(set.select(|_, _| true).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_task_that_answered_is_not_aborted_and_one_aborted_does_not_answer() {
+        let set = Arc::new(TaskSet::default());
+        let owner = Arc::new(Notify::new());
+        let done = set.enter(1, 1, &owner).unwrap();
+        assert!(done.ctl.start());
+        assert!(done.ctl.answer(), "its response may go");
+        let picked = set.select(|_, _| true);
+        let ctl = done.ctl.clone();
+        let aborting = tokio::spawn(async move { abort_all(&picked).await });
+        tokio::task::yield_now().await;
+        assert!(!ctl.aborted(), "too late to abort");
+        drop(done);
+        assert_eq!(aborting.await.unwrap(), 0, "nothing was aborted");
+
+        let late = set.enter(1, 2, &owner).unwrap();
+        assert!(late.ctl.start());
+        assert!(late.ctl.abort());
+        assert!(!late.ctl.answer(), "an aborted task sends nothing");
     }
 }

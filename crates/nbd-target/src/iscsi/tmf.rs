@@ -56,8 +56,12 @@ pub(crate) async fn perform(lun: &Arc<Lun>, req: &Bhs, exp_cmd_sn: u32) -> u8 {
                     code::NO_TASK
                 };
             }
-            abort_all(&found).await;
-            code::COMPLETE
+            // A task whose response already left completed: to the
+            // initiator it no longer exists.
+            match abort_all(&found).await {
+                0 => code::NO_TASK,
+                _ => code::COMPLETE,
+            }
         }
         // ABORT TASK SET: this session's tasks on the unit.
         2 if on_lun_0 => {

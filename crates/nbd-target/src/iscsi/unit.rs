@@ -116,6 +116,7 @@ pub async fn execute(
             | Command::Unmap { .. }
             | Command::CompareAndWrite { .. }
             | Command::WriteAndVerify { .. }
+            | Command::OrWrite { .. }
     );
     if writes && unit.read_only {
         return Outcome::Check(Sense::WRITE_PROTECTED);
@@ -174,7 +175,7 @@ pub async fn execute(
 fn offered(export: &Export, unit: &Unit, opcode: u8, action: Option<u16>) -> bool {
     match (opcode, action) {
         (0x42, _) | (0x9e, Some(0x12)) => unit.thin,
-        (0x89, _) => export.peers.is_none(),
+        (0x89 | 0x8b, _) => export.peers.is_none(),
         _ => true,
     }
 }
