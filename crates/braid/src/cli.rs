@@ -600,11 +600,13 @@ pub struct ServeArgs {
     #[arg(long = "allow", value_name = "NAME=CIDR")]
     pub allow: Vec<String>,
 
-    /// Connections at once, in total [default: 1024]
+    /// Connections at once, in total (NBD's and iSCSI's each) [default:
+    /// 1024]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
 
-    /// Connections at once from one client address [default: 128]
+    /// Connections at once from one client address (NBD's and iSCSI's
+    /// each) [default: 128]
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
 
@@ -622,7 +624,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE")]
     pub max_inflight_total: Option<String>,
 
-    /// Seconds a client has to finish the handshake [default: 10]
+    /// Seconds a client has to finish the handshake, or an iSCSI login
+    /// [default: 10]
     #[arg(long, value_name = "SECONDS")]
     pub handshake_timeout: Option<f64>,
 

@@ -346,6 +346,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     chap: cfg.iscsi_chap.clone(),
                     state_dir: Some(cfg.state_dir.clone()),
+                    limits: cfg.limits.clone(),
                 };
                 Some(crate::iscsi::start(&target, &portals, port, settings).await?)
             }

@@ -257,6 +257,73 @@ fn iscsi_is_refused_beside_tls() {
     assert!(err.contains("no TLS"), "{err}");
 }
 
+/// Whether the target closes `s` (a read sees the end) within 10 s.
+fn closed_by_target(s: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    match s.read(&mut [0u8; 64]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+/// Waits up to 10 s for `text` in the server's log.
+fn logged(serve: &Serve, text: &str) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !serve.log().contains(text) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn iscsi_connections_are_bounded_per_client_and_must_log_in_in_time() {
+    let port = free_port();
+    let serve = Serve::start(&[
+        "--iscsi",
+        &port.to_string(),
+        "--max-connections-per-client",
+        "2",
+        "--handshake-timeout",
+        "1",
+        "vol=mem:1MiB",
+    ]);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let connect = || std::net::TcpStream::connect(addr).unwrap();
+    let (mut a, mut b) = (connect(), connect());
+    // Both are counted before the third arrives: the server logs each
+    // connection it accepts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while serve.log().matches("portal_group=").count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", serve.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut third = connect();
+    assert!(
+        closed_by_target(&mut third),
+        "a third connection from one client is closed"
+    );
+    assert!(
+        logged(&serve, "--max-connections-per-client reached"),
+        "{}",
+        serve.log()
+    );
+    // Neither of the two logs in: each is closed after the handshake timeout.
+    assert!(closed_by_target(&mut a) && closed_by_target(&mut b));
+    assert!(logged(&serve, "no login within"), "{}", serve.log());
+    let mut i = iscsikit::Initiator::login(addr, TARGET);
+    assert!(
+        i.exec(&[0; 6], &[], 0).good(),
+        "a client that logs in is served"
+    );
+}
+
 #[test]
 fn targets_are_named_after_the_operators_iqn_prefix() {
     let port = free_port();

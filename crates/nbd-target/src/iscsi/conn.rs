@@ -98,10 +98,19 @@ async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<()
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut framer = Framer::new(8192);
     let mut out = Vec::new();
+    // A client that connects and never logs in would hold the connection
+    // (and its place under the limits) for ever.
+    let login_by = tokio::time::Instant::now() + ctx.shared.limits.handshake_timeout;
     let session = loop {
         let pdu = tokio::select! {
             p = next_pdu(&mut stream, &mut buf, &framer) => p?,
             _ = ctx.stop.wait_for(|s| *s) => None,
+            () = tokio::time::sleep_until(login_by) => {
+                return Err(format!(
+                    "no login within {:?} (--handshake-timeout)",
+                    ctx.shared.limits.handshake_timeout
+                ));
+            }
         };
         let Some(pdu) = pdu else { return Ok(()) };
         let (resp, done) = match login.handle(&pdu) {

@@ -50,6 +50,10 @@ pub struct IscsiConfig {
     /// Where persistent reservations that must outlive a restart are
     /// kept (`reservations/<volume identity>`); `None`: in memory only.
     pub state_dir: Option<std::path::PathBuf>,
+    /// The server's limits: connections in total and per client address
+    /// (NBD's and iSCSI's are counted apart), and the time a login has
+    /// (the handshake timeout).
+    pub limits: crate::conn::Limits,
 }
 
 impl Default for IscsiConfig {
@@ -58,6 +62,7 @@ impl Default for IscsiConfig {
             iqn_prefix: DEFAULT_IQN_PREFIX.to_owned(),
             chap: None,
             state_dir: None,
+            limits: crate::conn::Limits::default(),
         }
     }
 }
@@ -77,12 +82,56 @@ pub(crate) struct Shared {
     pub ports: ports::PortTable,
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
+    pub limits: crate::conn::Limits,
+    /// Connections open, by client address.
+    clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Test hook: commands of an initiator's sessions wait before the
     /// backend while its hold is set (`IscsiHandle::hold`).
     holds: Mutex<HashMap<String, Arc<Hold>>>,
 }
 
+/// A connection counted against the limits; uncounted when dropped.
+pub(crate) struct Admitted {
+    shared: Arc<Shared>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut c = self
+            .shared
+            .clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
 impl Shared {
+    /// Counts a new connection from `ip`, unless that would pass a limit
+    /// (then which one, for the log).
+    fn admit(self: &Arc<Self>, ip: std::net::IpAddr) -> Result<Admitted, &'static str> {
+        let mut c = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = c.values().sum();
+        if total >= self.limits.max_connections {
+            return Err("--max-connections");
+        }
+        let mine = c.entry(ip).or_default();
+        if *mine >= self.limits.max_connections_per_client {
+            return Err("--max-connections-per-client");
+        }
+        *mine += 1;
+        Ok(Admitted {
+            shared: self.clone(),
+            ip,
+        })
+    }
+
     /// The hold of sessions of `initiator`.
     pub fn hold_for(&self, initiator: &str) -> Arc<Hold> {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
@@ -213,6 +262,8 @@ impl IscsiServer {
                 ports: ports::PortTable::new(&addrs),
                 chap: cfg.chap.clone(),
                 sessions: Arc::default(),
+                limits: cfg.limits.clone(),
+                clients: Mutex::default(),
                 holds: Mutex::default(),
             }),
         })
@@ -294,6 +345,13 @@ async fn accept(l: TcpListener, tag: u16, shared: Arc<Shared>, mut stop: watch::
         };
         match accepted {
             Ok((stream, peer)) => {
+                let admitted = match shared.admit(peer.ip()) {
+                    Ok(a) => a,
+                    Err(limit) => {
+                        warn!(%peer, "iSCSI connection refused: {limit} reached");
+                        continue;
+                    }
+                };
                 let _ = stream.set_nodelay(true);
                 info!(%peer, portal_group = tag, "iSCSI connection");
                 let ctx = conn::Ctx {
@@ -301,7 +359,10 @@ async fn accept(l: TcpListener, tag: u16, shared: Arc<Shared>, mut stop: watch::
                     tag,
                     stop: stop.clone(),
                 };
-                conns.spawn(conn::serve(stream, peer, ctx));
+                conns.spawn(async move {
+                    conn::serve(stream, peer, ctx).await;
+                    drop(admitted);
+                });
             }
             Err(e) => {
                 warn!("iSCSI accept failed: {e}");
