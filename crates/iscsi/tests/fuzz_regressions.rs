@@ -102,3 +102,29 @@ fn the_unit_targets_seeds_and_crashes_run_clean() {
     }
     assert!(ran >= 5, "only {ran} inputs for iscsi_unit");
 }
+
+/// The `iscsi_target` target's seeds log in and reach the full feature
+/// phase (so fuzzing starts past the login), and its crashes stay fixed.
+#[test]
+fn the_target_seeds_log_in_and_its_crashes_stay_fixed() {
+    let mut deep = 0;
+    for kind in ["seeds", "regressions"] {
+        let folder = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fuzz")
+            .join(kind)
+            .join("iscsi_target");
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.expect("reading a fuzz folder").path();
+            let data = std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let r = catch_unwind(AssertUnwindSafe(|| fuzzing::target(&data)))
+                .unwrap_or_else(|_| panic!("{} panics", p.display()));
+            if kind == "seeds" && r.logged_in && r.pdus >= 3 {
+                deep += 1;
+            }
+        }
+    }
+    assert!(deep >= 2, "only {deep} seeds reach past the login");
+}
