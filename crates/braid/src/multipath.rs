@@ -27,13 +27,24 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         cfg.chap = Some(crate::iscsi::chap_credentials(f)?);
     }
     cfg.initiator_name = args.initiator_name.clone();
+    // A portal named without a port is on the protocol's own: 3260 for
+    // iSCSI, 10809 for NBD.
+    let port = if iscsi {
+        braid_initiator::iscsi::uri::DEFAULT_PORT
+    } else {
+        braid_initiator::uri::DEFAULT_PORT
+    };
     for p in &args.portals {
-        let addr = braid_initiator::uri::resolve_host(p)
+        let addr = braid_initiator::uri::resolve_host_port(p, port)
             .map_err(|e| usage(format!("--portal {p:?}: {e}")))?;
         cfg.portals.push(addr);
     }
     cfg.locals = args.locals.clone();
-    cfg.paths = args.paths.clone();
+    cfg.paths = args
+        .paths
+        .iter()
+        .map(|r| r.clone().default_port(port))
+        .collect();
     if let Some(ca) = &args.tls_ca {
         cfg.tls = Some(crate::tls::client(
             ca,

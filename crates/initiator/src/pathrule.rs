@@ -103,6 +103,9 @@ impl PathAttrs {
 pub struct PathRule {
     /// The portal; `None` matches any.
     pub portal: Option<SocketAddr>,
+    /// The portal was given without a port: it stands for the volume's
+    /// protocol's (NBD's until [`Self::default_port`] says otherwise).
+    pub port_implied: bool,
     /// The local side; `None` matches any.
     pub local: Option<LocalSpec>,
     pub attrs: PathAttrs,
@@ -118,6 +121,7 @@ impl std::str::FromStr for PathRule {
             Some((p, l)) => (p, Some(l)),
             None => (head, None),
         };
+        let port_implied = !portal.is_empty() && portal.parse::<SocketAddr>().is_err();
         let portal = (!portal.is_empty())
             .then(|| parse_portal(portal))
             .transpose()
@@ -134,6 +138,7 @@ impl std::str::FromStr for PathRule {
         let attrs = PathAttrs::parse(items).map_err(|e| format!("--path {s:?}: {e}"))?;
         Ok(Self {
             portal,
+            port_implied,
             local,
             attrs,
         })
@@ -141,6 +146,18 @@ impl std::str::FromStr for PathRule {
 }
 
 impl PathRule {
+    /// The rule for a volume whose protocol listens on `port` by default
+    /// (3260 for iSCSI): a portal given without a port gets that one.
+    #[must_use]
+    pub fn default_port(mut self, port: u16) -> Self {
+        if self.port_implied {
+            if let Some(p) = &mut self.portal {
+                p.set_port(port);
+            }
+        }
+        self
+    }
+
     /// Whether this rule names the path from `local` to `portal`.
     pub fn matches(&self, local: &Local, portal: &Endpoint) -> bool {
         let portal_ok = match (self.portal, portal) {
@@ -170,6 +187,20 @@ fn parse_portal(s: &str) -> Result<SocketAddr, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_portal_without_a_port_takes_the_volumes_protocols() {
+        let r: PathRule = "10.0.1.5,weight=2".parse().unwrap();
+        assert_eq!(r.portal, Some("10.0.1.5:10809".parse().unwrap()));
+        let r = r.default_port(3260);
+        assert_eq!(r.portal, Some("10.0.1.5:3260".parse().unwrap()));
+        let given: PathRule = "10.0.1.5:3261@eth1".parse().unwrap();
+        assert_eq!(
+            given.default_port(3260).portal,
+            Some("10.0.1.5:3261".parse().unwrap()),
+            "a port given stays"
+        );
+    }
 
     #[test]
     fn a_path_names_portal_local_and_knobs() {
