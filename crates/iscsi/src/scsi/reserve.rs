@@ -201,6 +201,12 @@ impl Reservations {
         }
     }
 
+    /// Whether any reservation (persistent or RESERVE) is held: without
+    /// one, no command can conflict.
+    pub fn held(&self) -> bool {
+        self.holder.is_some() || self.legacy.is_some()
+    }
+
     /// No registration and no persistent reservation.
     pub fn is_empty(&self) -> bool {
         self.registrations.is_empty() && self.holder.is_none()

@@ -181,7 +181,7 @@ impl Commands {
         // Checked once the task is in the set: a PREEMPT AND ABORT that
         // removes this nexus' registration after the check finds the task
         // there and aborts it.
-        if set_conflicts(&self.lun, &cmd) {
+        if self.lun.served.lu.conflicts(&self.lun.nexus.name, &cmd) {
             if task.ctl.answer() {
                 self.outbox.send(Batch {
                     pdus: vec![conflict(itt)],
@@ -253,23 +253,9 @@ impl Commands {
             match cmd {
                 // A partial last block is taken from the wire but not
                 // written; the residual tells the initiator.
-                Command::Write { lba, fua, .. } => Ok((
-                    Command::Write {
-                        lba,
-                        blocks: total / unit::BLOCK,
-                        fua,
-                    },
-                    cdb_bytes,
-                    total,
-                )),
-                Command::WriteAndVerify { lba, .. } => Ok((
-                    Command::WriteAndVerify {
-                        lba,
-                        blocks: total / unit::BLOCK,
-                    },
-                    cdb_bytes,
-                    total,
-                )),
+                Command::Write { .. } | Command::WriteAndVerify { .. } => {
+                    Ok((whole_blocks(cmd, total / unit::BLOCK), cdb_bytes, total))
+                }
                 // Compare and write data must come exactly as the CDB
                 // says (SBC-4 5.3); a length the CDB cannot name (256
                 // blocks and more wrap to 0) is caught here too.
@@ -489,9 +475,13 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     ctl.answer().then_some(outcome)
 }
 
-/// Whether a reservation stops `cmd` from this session's nexus.
-fn set_conflicts(lun: &Lun, cmd: &Command) -> bool {
-    lun.served.lu.reservations().conflicts(&lun.nexus.name, cmd)
+/// A WRITE or WRITE AND VERIFY cut to the `blocks` whose data came whole.
+fn whole_blocks(cmd: Command, blocks: u32) -> Command {
+    match cmd {
+        Command::Write { lba, fua, .. } => Command::Write { lba, blocks, fua },
+        Command::WriteAndVerify { lba, .. } => Command::WriteAndVerify { lba, blocks },
+        other => other,
+    }
 }
 
 /// RESERVATION CONFLICT: a status with no sense data.

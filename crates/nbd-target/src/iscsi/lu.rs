@@ -24,11 +24,41 @@ pub(crate) struct LogicalUnit {
     next: AtomicU64,
     pub tasks: Arc<TaskSet>,
     reservations: Mutex<Reservations>,
+    /// A reservation is held: kept by [`Held`] each time the reservations
+    /// change, so that a command's check takes no lock while none is
+    /// (the common case, on every command of every session).
+    held: AtomicBool,
     /// Where the reservations are kept when they must outlive a restart.
     pub saved: Option<PathBuf>,
     /// The caching page's WCE: off, every write goes through to the
     /// medium before it is acknowledged.
     pub write_cache: AtomicBool,
+}
+
+/// The reservations, locked; whether one is held is noted again when the
+/// lock is let go.
+pub(crate) struct Held<'a> {
+    state: MutexGuard<'a, Reservations>,
+    held: &'a AtomicBool,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Reservations;
+    fn deref(&self) -> &Reservations {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Reservations {
+        &mut self.state
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.held.store(self.state.held(), Ordering::SeqCst);
+    }
 }
 
 /// An I_T nexus logged in to the unit; leaves it when dropped.
@@ -83,6 +113,7 @@ impl LogicalUnit {
             nexuses: Mutex::default(),
             next: AtomicU64::new(0),
             tasks: Arc::default(),
+            held: AtomicBool::new(reservations.held()),
             reservations: Mutex::new(reservations),
             saved,
             write_cache: AtomicBool::new(true),
@@ -94,8 +125,16 @@ impl LogicalUnit {
     }
 
     /// The reservations, to read or change.
-    pub fn reservations(&self) -> MutexGuard<'_, Reservations> {
-        self.reservations.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn reservations(&self) -> Held<'_> {
+        Held {
+            state: self.reservations.lock().unwrap_or_else(|p| p.into_inner()),
+            held: &self.held,
+        }
+    }
+
+    /// Whether a reservation stops `cmd` from nexus `name`.
+    pub fn conflicts(&self, name: &NexusName, cmd: &Command) -> bool {
+        self.held.load(Ordering::SeqCst) && self.reservations().conflicts(name, cmd)
     }
 
     /// A new nexus named `name`, with nothing pending.
