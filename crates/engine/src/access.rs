@@ -69,8 +69,9 @@ impl Engine {
         };
         let p = &mut self.paths[chunk.path];
         p.released(chunk.conn, chunk.bytes);
-        if let Some(piece) = chunk.piece {
+        if let Some(mut piece) = chunk.piece {
             p.counters.resent += 1;
+            piece.since = now;
             self.dispatch(now, piece);
         }
         self.release_held(now);

@@ -80,7 +80,10 @@ impl Engine {
         let mut writes = Vec::new();
         for k in cookies {
             let c = self.chunks.remove(&k).expect("listed above");
-            if let Some(piece) = c.piece {
+            if let Some(mut piece) = c.piece {
+                // Its wait for a path starts now, not at submission: the
+                // no-path timeout is how long I/O goes without a path.
+                piece.since = now;
                 if piece.op.is_write() {
                     writes.push(piece);
                 } else {

@@ -31,6 +31,8 @@ mod counters;
 mod failover;
 mod held;
 mod liveness;
+#[cfg(test)]
+mod no_path_tests;
 pub mod path;
 #[cfg(test)]
 mod sim;
@@ -110,7 +112,8 @@ struct Piece {
     offset: u64,
     len: u32,
     req_offset: u64,
-    /// When it first needed a path (for the no-path timeout).
+    /// When it began to need a path: at submission, or when the path it
+    /// was on failed or refused it (for the no-path timeout).
     since: Duration,
 }
 

@@ -9,16 +9,16 @@ use braid_proto::{CmdFlags, Cookie, Errno};
 
 use super::*;
 
-struct Harness {
-    e: Engine,
-    now: Duration,
-    sent: Vec<SendChunk>,
-    done: HashMap<ReqId, Result<(), IoError>>,
-    log: Vec<Action>,
+pub(crate) struct Harness {
+    pub(crate) e: Engine,
+    pub(crate) now: Duration,
+    pub(crate) sent: Vec<SendChunk>,
+    pub(crate) done: HashMap<ReqId, Result<(), IoError>>,
+    pub(crate) log: Vec<Action>,
 }
 
 impl Harness {
-    fn new(policy: &str, paths: usize, cfg: EngineConfig) -> Self {
+    pub(crate) fn new(policy: &str, paths: usize, cfg: EngineConfig) -> Self {
         let mut e = Engine::new(
             EngineConfig {
                 size: 1 << 30,
@@ -47,7 +47,7 @@ impl Harness {
         h
     }
 
-    fn pump(&mut self) {
+    pub(crate) fn pump(&mut self) {
         while let Some(a) = self.e.poll_action() {
             match &a {
                 Action::Send(s) => self.sent.push(s.clone()),
@@ -63,7 +63,7 @@ impl Harness {
         }
     }
 
-    fn submit(&mut self, op: Op, offset: u64, len: u64) -> ReqId {
+    pub(crate) fn submit(&mut self, op: Op, offset: u64, len: u64) -> ReqId {
         let id = self.e.submit(
             self.now,
             Submit {
@@ -77,7 +77,7 @@ impl Harness {
         id
     }
 
-    fn reply_all(&mut self, ok: bool) {
+    pub(crate) fn reply_all(&mut self, ok: bool) {
         let sent = std::mem::take(&mut self.sent);
         for s in sent {
             let outcome = if ok {
@@ -90,7 +90,7 @@ impl Harness {
         self.pump();
     }
 
-    fn advance(&mut self, d: Duration) {
+    pub(crate) fn advance(&mut self, d: Duration) {
         self.now += d;
         self.e.tick(self.now);
         self.pump();
@@ -321,30 +321,6 @@ fn silent_path_is_failed_after_its_timeout() {
 }
 
 #[test]
-fn no_path_waits_then_fails_with_eio() {
-    let cfg = EngineConfig {
-        no_path_timeout: Some(Duration::from_secs(5)),
-        ..EngineConfig::default()
-    };
-    let mut h = Harness::new("adaptive", 1, cfg);
-    h.e.path_failed(h.now, PathId(0), "down");
-    h.pump();
-    let r = h.submit(Op::Write, 0, 4096);
-    assert!(h.sent.is_empty());
-    h.advance(Duration::from_secs(4));
-    assert!(h.done.is_empty(), "failed before the no-path timeout");
-    h.advance(Duration::from_secs(2));
-    assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
-    assert_eq!(h.done[&r].as_ref().unwrap_err().errno(), Errno::Io);
-    let c = h.e.volume_counters();
-    assert_eq!(
-        (c.errors_returned, c.eio_returned, c.no_path_timeouts),
-        (1, 1, 1),
-        "a no-path timeout is an error, an EIO and a no-path timeout"
-    );
-}
-
-#[test]
 fn volume_counters_count_each_failed_request_once_by_kind() {
     let mut h = Harness::new("round-robin", 2, EngineConfig::default());
     for errno in [Errno::NoSpc, Errno::Io] {
@@ -363,36 +339,6 @@ fn volume_counters_count_each_failed_request_once_by_kind() {
     assert_eq!(c.errors_returned, 2);
     assert_eq!(c.eio_returned, 1);
     assert_eq!(c.no_path_timeouts, 0);
-}
-
-#[test]
-fn no_path_resumes_when_a_path_returns() {
-    let mut h = Harness::new("adaptive", 1, EngineConfig::default());
-    h.e.path_failed(h.now, PathId(0), "down");
-    h.pump();
-    let r = h.submit(Op::Read, 0, 4096);
-    h.advance(Duration::from_secs(3));
-    h.e.path_up(h.now, PathId(0), vec![Some(ConnId(7))], true);
-    h.pump();
-    assert!(h
-        .log
-        .contains(&Action::Event(Event::PathRestored { path: PathId(0) })));
-    assert_eq!(h.sent.len(), 1);
-    h.reply_all(true);
-    assert_eq!(h.done[&r], Ok(()));
-}
-
-#[test]
-fn no_path_timeout_zero_fails_at_once() {
-    let cfg = EngineConfig {
-        no_path_timeout: Some(Duration::ZERO),
-        ..EngineConfig::default()
-    };
-    let mut h = Harness::new("adaptive", 1, cfg);
-    h.e.path_failed(h.now, PathId(0), "down");
-    h.pump();
-    let r = h.submit(Op::Read, 0, 4096);
-    assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
 }
 
 #[test]
