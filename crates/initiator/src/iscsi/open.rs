@@ -192,7 +192,7 @@ pub async fn open(
         conn.set_block_size(c.block_size);
     }
     if inquiry.tpgs != 0 {
-        access = port_state(
+        let p = port_state(
             &conn,
             unit.lun,
             designators.relative_port,
@@ -200,8 +200,9 @@ pub async fn open(
             timeout,
         )
         .await
-        .map_err(&other)?
-        .unwrap_or(access);
+        .map_err(&other)?;
+        reset_seen |= p.attentions.contains(&Attention::Reset);
+        access = p.access.unwrap_or(access);
     }
     Ok(Opened {
         conn,
@@ -217,7 +218,10 @@ pub async fn open(
 
 /// This port's ALUA state from REPORT TARGET PORT GROUPS: the group that
 /// lists its relative port (or, failing that, has its group id). `None`
-/// when the target does not say.
+/// when the target does not say. A unit attention pending for the session
+/// is reported in place of the first answers (SPC-5): the command is sent
+/// again, and the attentions it met are returned, since one may say that
+/// the unit was reset, which the caller must not miss.
 ///
 /// # Errors
 ///
@@ -228,28 +232,62 @@ pub async fn port_state(
     port: Option<u16>,
     group: Option<u16>,
     timeout: Duration,
-) -> Result<Option<AccessState>, String> {
+) -> Result<PortState, String> {
     let len = 4096;
-    let a = conn
-        .call(
-            Command {
-                lun,
-                cdb: cdb::report_target_port_groups(len),
-                read: len,
-                write: None,
-            },
-            timeout,
-        )
-        .await?;
-    if !is_good(&a) {
-        return Ok(None);
+    let mut attentions = Vec::new();
+    for _ in 0..ATTENTION_TRIES {
+        let a = conn
+            .call(
+                Command {
+                    lun,
+                    cdb: cdb::report_target_port_groups(len),
+                    read: len,
+                    write: None,
+                },
+                timeout,
+            )
+            .await?;
+        if let Outcome::Status {
+            status: status::CHECK_CONDITION,
+            sense: Some(s),
+            ..
+        } = &a.outcome
+        {
+            if let Verdict::Attention(at) = s.verdict() {
+                attentions.push(at);
+                continue;
+            }
+        }
+        if !is_good(&a) {
+            break;
+        }
+        let groups = unit::port_groups(&a.data).map_err(|e| e.to_string())?;
+        let mine = groups
+            .iter()
+            .find(|g| port.is_some_and(|p| g.ports.contains(&p)))
+            .or_else(|| groups.iter().find(|g| Some(g.id) == group));
+        return Ok(PortState {
+            access: mine.map(|g| g.state),
+            attentions,
+        });
     }
-    let groups = unit::port_groups(&a.data).map_err(|e| e.to_string())?;
-    let mine = groups
-        .iter()
-        .find(|g| port.is_some_and(|p| g.ports.contains(&p)))
-        .or_else(|| groups.iter().find(|g| Some(g.id) == group));
-    Ok(mine.map(|g| g.state))
+    Ok(PortState {
+        access: None,
+        attentions,
+    })
+}
+
+/// How many unit attentions [`port_state`] takes before it gives up: one
+/// per kind a target may have queued.
+const ATTENTION_TRIES: usize = 4;
+
+/// What [`port_state`] learned.
+#[derive(Debug, Default)]
+pub struct PortState {
+    /// The port's state, when the target said.
+    pub access: Option<AccessState>,
+    /// Unit attentions met on the way.
+    pub attentions: Vec<Attention>,
 }
 
 fn is_good(a: &Answer) -> bool {

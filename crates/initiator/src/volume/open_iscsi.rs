@@ -460,10 +460,18 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
         let state = match &conn {
             Some(c) if !shared.closed() => {
                 let timeout = shared.settings.connect_timeout;
-                iscsi::open::port_state(c, c.lun(), port, group, timeout)
-                    .await
-                    .ok()
-                    .flatten()
+                match iscsi::open::port_state(c, c.lun(), port, group, timeout).await {
+                    Ok(p) => {
+                        for a in p.attentions {
+                            // This poll reads the state itself.
+                            if a != Attention::AccessChanged {
+                                heard(&shared, a);
+                            }
+                        }
+                        p.access
+                    }
+                    Err(_) => None,
+                }
             }
             _ => None,
         };
@@ -477,10 +485,16 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
             core.engine.set_access(now, path, a);
             core.act(&shared);
         }
+        let active = matches!(a, Some(Access::Optimized | Access::NonOptimized));
         if once {
+            // A port found inactive is watched until it is back: its
+            // session carries no I/O, so it would hear of the change
+            // only from another path's session.
+            if a.is_some() && !active {
+                watch(&shared, path);
+            }
             return;
         }
-        let active = matches!(a, Some(Access::Optimized | Access::NonOptimized));
         if active || conn.is_none() || shared.closed() {
             x.watching
                 .lock()
@@ -488,6 +502,23 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
                 .remove(&path.0);
             return;
         }
+    }
+}
+
+/// What a unit attention on any session of the volume means for it.
+fn heard(shared: &Arc<Shared>, attention: Attention) {
+    match attention {
+        Attention::Reset => {
+            let mut core = shared.lock();
+            if shared.closed() {
+                return;
+            }
+            core.target_restarted(shared.now(), "a unit attention told of a reset (29h)");
+            core.act(shared);
+        }
+        Attention::AccessChanged => refresh_all(shared),
+        Attention::NexusLoss => {}
+        other => warn!(?other, "unit attention"),
     }
 }
 
@@ -514,19 +545,9 @@ impl iscsi::Replies for ConnSink {
     }
 
     fn attention(&self, attention: Attention) {
-        let Some(shared) = self.shared.upgrade() else {
-            return;
-        };
-        match attention {
-            Attention::Reset => {
-                self.with_core(|shared, core| {
-                    core.target_restarted(shared.now(), "a unit attention told of a reset (29h)");
-                    core.act(shared);
-                });
-            }
-            Attention::AccessChanged => refresh_all(&shared),
-            Attention::NexusLoss => {}
-            other => warn!(?other, "unit attention"),
+        // From the path's current session only.
+        if let Some(shared) = self.with_core(|shared, _| shared.clone()) {
+            heard(&shared, attention);
         }
     }
 
