@@ -119,6 +119,7 @@ def markdown(res, suffix):
         "",
     ]
     out += summary(res)
+    out += iscsi_summary(res)
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aggregate-notes.md")
     if os.path.exists(notes):
         with open(notes) as f:
@@ -163,6 +164,41 @@ def summary(res):
             f"{rw('braid adaptive', 'seq read 1M QD16', 'seq write 1M QD16')} | "
             f"{rw('braid round-robin', 'seq read 1M QD16', 'seq write 1M QD16')} | {best_cell} | "
             f"{x('braid adaptive')} / {x('braid round-robin')} / {x('MPTCP nbdkit + fio, all paths')} |")
+    return out + [""]
+
+
+ISCSI = "braid adaptive over tgt (iSCSI)"
+ISCSI_PEER_READ = "libiscsi iscsi-perf over tgt, path 1"
+ISCSI_PEER_WRITE = "libiscsi write (bench/iscsi-write.c) over tgt, path 1"
+
+
+def iscsi_summary(res):
+    """The iSCSI rows: braid's initiator over tgt, against the same limit
+    and against libiscsi over one path."""
+    if not any(r.get("kind") == "iscsi" for sc in res["scenarios"] for r in sc["rows"]):
+        return []
+    out = ["## Summary over iSCSI (tgt)", "",
+           "braid's initiator over Debian's tgt (a portal on every path, named with `--portal`; the LUN on "
+           "a file in /dev/shm), 1 MiB sequential, as ratios to the same iperf3 all-paths limit, read / "
+           "write; the peer is libiscsi over path 1 alone at QD16 (`iscsi-perf` reads, "
+           "`bench/iscsi-write.c` writes); *x peer* is braid QD16 over it.", "",
+           "| scenario | limit MB/s | libiscsi 1 path | braid QD1 | braid QD16 | x peer (read / write) |",
+           "|---|---|---|---|---|---|"]
+    for sc in res["scenarios"]:
+        def rw(tool_r, tool_w, r, w):
+            a, b = ratio(sc, find(sc, tool_r, r)), ratio(sc, find(sc, tool_w, w))
+            return f"{fmt(a, 2)} / {fmt(b, 2)}"
+
+        def x(d, peer):
+            a, b = find(sc, ISCSI, f"seq {d} 1M QD16"), find(sc, peer, f"seq {d} 1M QD16")
+            ok = a and b and not a.get("error") and not b.get("error") and b.get("mb_s")
+            return fmt(a["mb_s"] / b["mb_s"], 2) if ok else "-"
+        out.append(
+            f"| ({sc['key']}) {sc['title']} | {fmt(limit(sc, 'read'))} / {fmt(limit(sc, 'write'))} | "
+            f"{rw(ISCSI_PEER_READ, ISCSI_PEER_WRITE, 'seq read 1M QD16', 'seq write 1M QD16')} | "
+            f"{rw(ISCSI, ISCSI, 'seq read 1M QD1', 'seq write 1M QD1')} | "
+            f"{rw(ISCSI, ISCSI, 'seq read 1M QD16', 'seq write 1M QD16')} | "
+            f"{x('read', ISCSI_PEER_READ)} / {x('write', ISCSI_PEER_WRITE)} |")
     return out + [""]
 
 
@@ -256,6 +292,12 @@ def headline(sc):
         for qd in (16, 1):
             out.append(line(f"braid {policy}, 1 MiB QD{qd}", find(sc, tool, f"seq read 1M QD{qd}"),
                             find(sc, tool, f"seq write 1M QD{qd}"), rr, with_iops=qd == 16))
+    if find(sc, ISCSI, "seq read 1M QD16"):
+        out.append(line("libiscsi over tgt, path 1, 1 MiB QD16", find(sc, ISCSI_PEER_READ, "seq read 1M QD16"),
+                        find(sc, ISCSI_PEER_WRITE, "seq write 1M QD16"), None, with_iops=False))
+        for qd in (16, 1):
+            out.append(line(f"braid adaptive over tgt (iSCSI), 1 MiB QD{qd}", find(sc, ISCSI, f"seq read 1M QD{qd}"),
+                            find(sc, ISCSI, f"seq write 1M QD{qd}"), None, with_iops=False))
     return out + [""]
 
 
@@ -286,13 +328,19 @@ def targets(sc):
             x = a["iops"] / fio1
             verdict = "met" if x >= TARGET_IOPS else f"**missed by {TARGET_IOPS - x:.2f}**"
             lines.append(f"- randread 4K QD32 >= {TARGET_IOPS}x fio over one path: {x:.2f}x, {verdict}")
+    for qd in (1, 16):
+        for d in ("read", "write"):
+            x = ratio(sc, find(sc, ISCSI, f"seq {d} 1M QD{qd}"))
+            if x is not None:
+                verdict = "met" if x >= TARGET_RATIO else f"**missed by {TARGET_RATIO - x:.2f}**"
+                lines.append(f"- over iSCSI (tgt), seq {d} QD{qd} >= {TARGET_RATIO} of the limit: {x:.2f}, {verdict}")
     if sc["key"] == "b":
         rr = find(sc, "braid round-robin", "seq read 1M QD16")
         slow = (sc.get("limits", {}).get("read") or {}).get("per_path") or []
         if rr and not rr.get("error") and len(slow) > 1 and slow[1]:
             lines.append(f"- round-robin seq read QD16: {rr['mb_s']:.1f} MB/s, {rr['mb_s'] / slow[1]:.1f}x the "
                          f"slow path alone ({slow[1]:.1f} MB/s)")
-    return (["Targets (issue 4):", ""] + lines + [""]) if lines else []
+    return (["Targets (issues 4 and 19):", ""] + lines + [""]) if lines else []
 
 
 def full_table(sc):
@@ -352,6 +400,9 @@ def chart(sc):
     for p in policies:
         groups.append((f"braid {p}", val(find(sc, f"braid {p}", "seq read 1M QD16")),
                        val(find(sc, f"braid {p}", "seq write 1M QD16"))))
+    if find(sc, ISCSI, "seq read 1M QD16"):
+        groups.append(("braid iSCSI", val(find(sc, ISCSI, "seq read 1M QD16")),
+                       val(find(sc, ISCSI, "seq write 1M QD16"))))
 
     values = [v for _, a, b in groups for v in (a, b) if v]
     top = max(values + [1.0]) * 1.12

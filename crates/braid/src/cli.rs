@@ -426,6 +426,15 @@ pub struct MultipathArgs {
     /// open-iscsi name, or iqn.2026-11.org.braid-storage:HOSTNAME]
     #[arg(long, value_name = "IQN")]
     pub initiator_name: Option<String>,
+
+    /// iSCSI: fence a failed path by persistent reservation (PREEMPT AND
+    /// ABORT of its key) instead of session reinstatement. Every path
+    /// registers a key and the unit is reserved "write exclusive, all
+    /// registrants", so other initiators cannot write while braid has it
+    /// open; for targets that scope sessions to a portal group (LIO).
+    /// Needs a target with persistent reservations
+    #[arg(long)]
+    pub persistent_reservations: bool,
 }
 
 #[derive(Args, Debug)]

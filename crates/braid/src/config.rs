@@ -109,6 +109,8 @@ pub struct AttachVolume {
     pub chap_secret_file: Option<PathBuf>,
     /// iSCSI: as --initiator-name.
     pub initiator_name: Option<String>,
+    /// iSCSI: as --persistent-reservations.
+    pub persistent_reservations: Option<bool>,
 }
 
 impl AttachVolume {
@@ -172,6 +174,7 @@ impl AttachVolume {
             timeout_ceiling: self.timeout_ceiling.unwrap_or(10.0),
             chap_secret_file: self.chap_secret_file.clone(),
             initiator_name: self.initiator_name.clone(),
+            persistent_reservations: self.persistent_reservations.unwrap_or(false),
         })
     }
 }

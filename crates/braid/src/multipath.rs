@@ -17,9 +17,14 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
     let uri: VolumeUri = uri.parse().map_err(usage)?;
     let iscsi = matches!(uri, VolumeUri::Iscsi(_));
-    if !iscsi && (args.chap_secret_file.is_some() || args.initiator_name.is_some()) {
+    if !iscsi
+        && (args.chap_secret_file.is_some()
+            || args.initiator_name.is_some()
+            || args.persistent_reservations)
+    {
         return Err(usage(
-            "--chap-secret-file and --initiator-name are for iscsi:// volumes",
+            "--chap-secret-file, --initiator-name and --persistent-reservations are for iscsi:// \
+             volumes",
         ));
     }
     let mut cfg = VolumeConfig::new(uri);
@@ -27,6 +32,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         cfg.chap = Some(crate::iscsi::chap_credentials(f)?);
     }
     cfg.initiator_name = args.initiator_name.clone();
+    cfg.persistent_reservations = args.persistent_reservations;
     // A portal named without a port is on the protocol's own: 3260 for
     // iSCSI, 10809 for NBD.
     let port = if iscsi {

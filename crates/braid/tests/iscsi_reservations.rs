@@ -141,3 +141,67 @@ fn reservations_survive_a_restart_when_asked_to_and_only_then() {
     assert_eq!(keys(&mut b), Vec::<u64>::new());
     b.write10(0, &[9; 512]);
 }
+
+/// `braid bench --persistent-reservations`: every path registers and the
+/// unit is reserved while the volume is open, and nothing is left
+/// registered after; a unit another initiator has reserved is refused at
+/// open, naming why, and braid's registration is withdrawn.
+#[test]
+fn braid_holds_a_reservation_only_while_the_volume_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let disk = sparse_file(dir.path(), "disk.img", 16 << 20);
+    let _serve = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.2:0",
+        "--iscsi",
+        &port.to_string(),
+        &format!("vol={}", disk.display()),
+    ]);
+    let uri = format!("iscsi://127.0.0.1:{port}/{TARGET}/0");
+    let bench = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args([
+                "bench", &uri, "--rw", "randrw", "--bs", "64k", "--time", "0.5",
+            ])
+            .args(["--verify", "--json", "--persistent-reservations"])
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("braid runs")
+    };
+    let out = bench();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    assert_eq!(j["paths"].as_array().map(Vec::len), Some(2), "{j}");
+    assert_eq!(
+        (j["errors"].as_u64(), j["verify_errors"].as_u64()),
+        (Some(0), Some(0))
+    );
+
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut other = Initiator::login_as(addr, TARGET, &who("iqn.2026-11.org.example:other", 3));
+    assert!(
+        keys(&mut other).is_empty(),
+        "left registered: {:x?}",
+        keys(&mut other)
+    );
+    assert_eq!(prout(&mut other, REGISTER, 0, 0, 0xabc, false), GOOD);
+    assert_eq!(
+        prout(&mut other, RESERVE, WRITE_EXCLUSIVE, 0xabc, 0, false),
+        GOOD
+    );
+    let out = bench();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "opened a unit reserved by another initiator"
+    );
+    assert!(
+        stderr.contains("another initiator holds a reservation on the unit"),
+        "{stderr}"
+    );
+    assert_eq!(keys(&mut other), [0xabc], "braid's key was not withdrawn");
+}

@@ -6,8 +6,13 @@
 //!
 //! One workload per target walks through every fault in turn (one lab,
 //! one session set), so the suite costs a lab's setup once per target.
+//! Against tgt, failed paths are fenced by session reinstatement (the
+//! default); against braid's target by persistent reservation
+//! (`--persistent-reservations`): there the failed sessions' keys must have
+//! been preempted, and closing the volume must leave no key registered.
 
 mod failkit;
+mod iscsikit;
 mod iscsilab;
 mod labkit;
 mod tgtkit;
@@ -102,6 +107,19 @@ fn faults(lab: &Lab, start: Instant) -> Moments {
     m
 }
 
+/// The unit's registered keys, as another initiator reads them
+/// (PERSISTENT RESERVE IN, READ KEYS).
+fn registered_keys(portal: std::net::SocketAddr) -> Vec<u64> {
+    let mut i = iscsikit::Initiator::login(portal, iscsilab::BRAID_IQN);
+    let r = i.exec(&[0x5e, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &[], 512);
+    assert!(r.good(), "READ KEYS: {r:?}");
+    let listed = u32::from_be_bytes(r.data[4..8].try_into().unwrap()) as usize;
+    r.data[8..8 + listed]
+        .chunks(8)
+        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+        .collect()
+}
+
 const WORK: Workload = Workload {
     blocks: 128,
     bs: 256 * 1024,
@@ -117,7 +135,7 @@ fn every_fault_over(kind: Kind) {
     let portals = target.named_portals();
     let start = Instant::now();
     let mut m = Moments::default();
-    let (log, bad, leftover_tasks) = std::thread::scope(|s| {
+    let (log, bad, preempts, leftover_tasks) = std::thread::scope(|s| {
         s.spawn(|| m = faults(&lab, start));
         lab.enter(Side::Client, || {
             let rt = rt();
@@ -125,25 +143,41 @@ fn every_fault_over(kind: Kind) {
                 let vol = failkit::open(&uri, |c| {
                     c.portals = portals;
                     c.no_path_timeout = Some(NO_PATH);
+                    c.persistent_reservations = kind == Kind::Braid;
                 })
                 .await;
                 assert_eq!(vol.report().paths.len(), 2, "both portals are paths");
                 let log = failkit::run(vol.clone(), WORK, start).await;
                 // The links are back: what was acknowledged reads back.
                 let bad = failkit::check_acknowledged(&vol, &log, WORK.bs).await;
+                // Fences while the volume was open (closing preempts too).
+                let preempts = target.log().matches("PREEMPT AND ABORT").count();
                 vol.close().await;
-                (log, bad)
+                (log, bad, preempts)
             });
             // Reconnects, fences and ALUA watchers end by themselves.
             let deadline = Instant::now() + Duration::from_secs(5);
             while rt.metrics().num_alive_tasks() > 0 && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            (out.0, out.1, rt.metrics().num_alive_tasks())
+            (out.0, out.1, out.2, rt.metrics().num_alive_tasks())
         })
         .unwrap()
     });
     let context = format!("{kind:?}\n{}", target.log());
+    if kind == Kind::Braid {
+        assert!(
+            preempts > 0,
+            "no failed path was fenced by PREEMPT AND ABORT\n{context}"
+        );
+        let keys = lab
+            .enter(Side::Client, || registered_keys(target.portals[0]))
+            .unwrap();
+        assert!(
+            keys.is_empty(),
+            "keys left registered after the volume closed: {keys:x?}\n{context}"
+        );
+    }
     assert!(log.mismatches.is_empty(), "{:?}\n{context}", log.mismatches);
     assert!(bad.is_empty(), "acknowledged data lost: {bad:?}\n{context}");
     assert_eq!(leftover_tasks, 0, "tasks left running in the initiator");

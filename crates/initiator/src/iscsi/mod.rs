@@ -9,13 +9,15 @@
 //! - `outcome`: what a command's status means for its chunk;
 //! - [`open`]: a path opened and its unit identified;
 //! - [`discover`]: SendTargets and portal probing, and fencing a failed
-//!   session by reinstating its ISID.
+//!   session by reinstating its ISID;
+//! - [`reserve`]: fencing by persistent reservations, when asked for.
 
 pub mod conn;
 pub mod discover;
 pub mod login;
 pub mod open;
 mod outcome;
+pub mod reserve;
 pub mod uri;
 
 pub use conn::{Conn, Replies};

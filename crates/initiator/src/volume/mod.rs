@@ -81,6 +81,9 @@ pub struct VolumeConfig {
     pub initiator_name: Option<String>,
     /// iSCSI: CHAP credentials, and the target's for mutual CHAP.
     pub chap: Option<braid_iscsi::chap::Credentials>,
+    /// iSCSI: fence failed paths by persistent reservation (see
+    /// [`crate::iscsi::reserve`]) instead of session reinstatement.
+    pub persistent_reservations: bool,
 }
 
 impl VolumeConfig {
@@ -104,6 +107,7 @@ impl VolumeConfig {
             replay_window: 256 << 20,
             initiator_name: None,
             chap: None,
+            persistent_reservations: false,
         }
     }
 }
@@ -219,6 +223,11 @@ impl Volume {
         let span = tracing::info_span!("volume", export = ?cfg.uri.name());
         let run = async {
             match cfg.uri.clone() {
+                VolumeUri::Nbd(_) if cfg.persistent_reservations => Err(OpenError::Usage(
+                    "persistent reservations fence iSCSI paths; NBD paths are fenced by the \
+                     target (drop --persistent-reservations)"
+                        .into(),
+                )),
                 VolumeUri::Nbd(u) => open::nbd(cfg, u, span.clone()).await,
                 VolumeUri::Iscsi(u) => open_iscsi::open(cfg, u, span.clone()).await,
             }
@@ -416,6 +425,19 @@ impl Volume {
                 })
                 .collect()
         };
+        if let Transport::Iscsi(x) = &self.shared.settings.transport {
+            if x.reservations {
+                // Registrations outlive sessions.
+                let conns = handles
+                    .iter()
+                    .filter_map(|h| match h {
+                        link::Link::Iscsi(c) => Some(c.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                open_iscsi::leave_all(x, conns).await;
+            }
+        }
         futures_join(handles.into_iter().map(|h| h.close(Duration::from_secs(2)))).await;
     }
 }

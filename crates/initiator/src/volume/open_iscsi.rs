@@ -45,6 +45,12 @@ pub(crate) struct Expect {
     pub ports: Mutex<Vec<(Option<u16>, Option<u16>)>>,
     /// Paths whose ALUA state is being watched.
     pub watching: Mutex<HashSet<usize>>,
+    /// Failed paths are fenced by persistent reservation.
+    pub reservations: bool,
+    /// The keys this volume's sessions registered and have not withdrawn
+    /// or preempted: a path that failed without writes to fence leaves
+    /// its key behind, and closing the volume preempts those.
+    pub keys: Mutex<HashSet<u64>>,
 }
 
 /// How often a path whose port is not active asks for its state again.
@@ -122,6 +128,11 @@ pub(super) async fn open(
     if cfg.tls.is_some() {
         return Err(OpenError::Usage(
             "iSCSI paths do not use TLS: drop --tls-ca".into(),
+        ));
+    }
+    if cfg.persistent_reservations && cfg.danger_no_fence {
+        return Err(OpenError::Usage(
+            "--persistent-reservations fences failed paths; it cannot go with no fencing".into(),
         ));
     }
     let session = SessionConfig {
@@ -215,6 +226,8 @@ pub(super) async fn open(
             source: uri.portal.to_string(),
             ports: Mutex::new(vec![(None, None); specs.len()]),
             watching: Mutex::new(HashSet::new()),
+            reservations: cfg.persistent_reservations,
+            keys: Mutex::new(HashSet::new()),
         })),
     };
     let plan = Plan {
@@ -334,7 +347,63 @@ pub(super) async fn dial(
             expected: describe(&x.identity, Some(x.size)),
         });
     }
+    if x.reservations {
+        // Registered before it carries a write, so that a fence can
+        // preempt it.
+        if let Err(e) = iscsi::reserve::join(&o.conn, timeout).await {
+            o.conn.logout(Duration::from_secs(1)).await;
+            return Err(ConnectError::Other(format!("{}: {e}", spec.portal)));
+        }
+        lock(&x.keys).insert(iscsi::reserve::key(o.conn.logged_in.isid));
+    }
     Ok(o)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keys of sessions a fence preempted are no longer the volume's.
+pub(super) fn fenced(x: &Expect, conns: &[ConnId]) {
+    let mut keys = lock(&x.keys);
+    for c in conns {
+        keys.remove(&iscsi::reserve::key(isid_of(*c)));
+    }
+}
+
+/// As the volume closes: the first live session preempts the keys left
+/// by failed sessions, then every live session withdraws its own, so the
+/// reservation ends (bounded; with no live session the keys stay until an
+/// administrator clears them).
+pub(super) async fn leave_all(x: &Expect, conns: Vec<Arc<iscsi::Conn>>) {
+    let t = Duration::from_secs(2);
+    let live: Vec<u64> = conns
+        .iter()
+        .map(|c| iscsi::reserve::key(c.logged_in.isid))
+        .collect();
+    let stale: Vec<u64> = lock(&x.keys)
+        .iter()
+        .filter(|k| !live.contains(k))
+        .copied()
+        .collect();
+    if let Some(first) = conns.first() {
+        if let Err(e) = iscsi::reserve::preempt(first, &stale, t).await {
+            warn!("preempting the keys of failed sessions failed: {e}");
+        }
+    } else if !stale.is_empty() {
+        warn!(
+            keys = stale.len(),
+            "no live path to withdraw the volume's reservation keys: the unit stays reserved"
+        );
+    }
+    for c in &conns {
+        match iscsi::reserve::leave(c, t).await {
+            Ok(()) => {
+                lock(&x.keys).remove(&iscsi::reserve::key(c.logged_in.isid));
+            }
+            Err(e) => warn!("withdrawing a path's reservation key failed: {e}"),
+        }
+    }
 }
 
 /// The engine's id of a session: its ISID, which is what fences it.

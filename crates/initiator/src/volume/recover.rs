@@ -229,6 +229,11 @@ async fn fence_via(
         Transport::Nbd(expect) => expect,
         Transport::Iscsi(x) => {
             let isids: Vec<_> = conns.iter().map(|c| open_iscsi::isid_of(*c)).collect();
+            if x.reservations {
+                crate::iscsi::reserve::fence(spec, &x.session, &isids, timeout).await?;
+                open_iscsi::fenced(x, conns);
+                return Ok(());
+            }
             return crate::iscsi::discover::fence(spec, &x.session, &isids, timeout).await;
         }
     };

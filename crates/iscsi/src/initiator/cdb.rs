@@ -138,9 +138,11 @@ pub enum ReserveOut {
     RegisterAndIgnore = 0x06,
 }
 
-/// Reservation type "write exclusive, registrants only": every registered
-/// path may write; a preempted one may not.
-pub const WRITE_EXCLUSIVE_REGISTRANTS_ONLY: u8 = 0x5;
+/// Reservation type "write exclusive, all registrants": every registered
+/// path may write and holds the reservation, so any path may reserve and
+/// the reservation lasts while any path is registered; a preempted path
+/// may not write.
+pub const WRITE_EXCLUSIVE_ALL_REGISTRANTS: u8 = 0x7;
 
 /// PERSISTENT RESERVE OUT and its 24-byte parameter list.
 pub fn persistent_reserve_out(action: ReserveOut, key: u64, action_key: u64) -> (Cdb, Vec<u8>) {
@@ -148,7 +150,7 @@ pub fn persistent_reserve_out(action: ReserveOut, key: u64, action_key: u64) -> 
     c[0] = 0x5f;
     c[1] = action as u8;
     if matches!(action, ReserveOut::Reserve | ReserveOut::PreemptAndAbort) {
-        c[2] = WRITE_EXCLUSIVE_REGISTRANTS_ONLY; // scope 0: the unit
+        c[2] = WRITE_EXCLUSIVE_ALL_REGISTRANTS; // scope 0: the unit
     }
     c[5..9].copy_from_slice(&24u32.to_be_bytes());
     let mut p = vec![0u8; 24];
@@ -199,7 +201,7 @@ mod tests {
         );
         assert_eq!(mode_sense_caching(64)[..5], [0x1a, 0x08, 0x08, 0, 64]);
         let (c, p) = persistent_reserve_out(ReserveOut::PreemptAndAbort, 7, 9);
-        assert_eq!(c[..9], [0x5f, 0x05, 0x05, 0, 0, 0, 0, 0, 24]);
+        assert_eq!(c[..9], [0x5f, 0x05, 0x07, 0, 0, 0, 0, 0, 24]);
         assert_eq!((p[7], p[15]), (7, 9));
     }
 }
