@@ -331,3 +331,52 @@ fn braid_attach_serves_an_iscsi_volume_to_nbd_clients() {
         "{status}"
     );
 }
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "tgtd",
+    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_tgt_portal_leading_to_another_lun_is_refused_with_both_identities() {
+    if !common::need_root() || !tool("tgtd") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let b: SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
+    // Two tgt instances, one target name and LUN size, different units
+    // (tgt names a unit by its serial).
+    let mut one = Tgt::start(&[a]);
+    one.target(
+        1,
+        TGT_IQN,
+        1,
+        &sparse_file(dir.path(), "a.img", 64 << 20),
+        "braidA001",
+    );
+    let mut two = Tgt::start(&[b]);
+    two.target(
+        1,
+        TGT_IQN,
+        1,
+        &sparse_file(dir.path(), "b.img", 64 << 20),
+        "braidB002",
+    );
+    let uri = format!("iscsi://{a}/{TGT_IQN}/1");
+    let (pa, pb) = (a.to_string(), b.to_string());
+    let e = fails(&[
+        "bench", "--time", "0.5", &uri, "--portal", &pa, "--portal", &pb,
+    ]);
+    assert!(e.contains(&format!("portal {pb} serves LUN ")), "{e}");
+    assert!(
+        e.matches("LUN ").count() >= 2,
+        "both identities named:\n{e}"
+    );
+    one.stop();
+    two.stop();
+}

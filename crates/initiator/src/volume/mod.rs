@@ -7,6 +7,7 @@
 //! failed paths are fenced and reconnected in the background.
 
 mod admin;
+mod alua;
 mod core;
 mod link;
 mod open;

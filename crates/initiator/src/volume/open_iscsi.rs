@@ -2,12 +2,13 @@
 //! target (SendTargets), one session learns what the unit is, and every
 //! path is an iSCSI session checked to lead to the same unit (VPD 0x83
 //! identity and size). Fencing a failed path ends its session by logging
-//! in with its ISID; a unit attention for a reset stands in for NBD's
-//! instance and triggers the replay; ALUA states feed the engine.
+//! in with its ISID, or (`--persistent-reservations`) preempts its key;
+//! a unit attention for a reset stands in for NBD's instance and triggers
+//! the replay; ALUA states (`alua.rs`) feed the engine.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU16;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_iscsi::chap::Credentials;
@@ -20,9 +21,10 @@ use braid_iscsi::negotiate::Params;
 use braid_proto::braid_ns::ConnId;
 use braid_proto::{Cookie, Errno, TransmissionFlags};
 use bytes::Bytes;
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 
 use super::admin::{path_configs, with_rules};
+use super::alua::{access, heard, watch};
 use super::core::{finish, place, ConnSink, Shared};
 use super::link::Link;
 use super::open::{engine_config, policy, split_rules, start, Plan};
@@ -52,9 +54,6 @@ pub(crate) struct Expect {
     /// its key behind, and closing the volume preempts those.
     pub keys: Mutex<HashSet<u64>>,
 }
-
-/// How often a path whose port is not active asks for its state again.
-const ALUA_POLL: Duration = Duration::from_millis(500);
 
 /// What braid asks of a target at login.
 fn params() -> Params {
@@ -421,16 +420,6 @@ pub(super) fn isid_of(id: ConnId) -> Isid {
     Isid(isid)
 }
 
-fn access(state: AccessState) -> Access {
-    match state {
-        AccessState::ActiveOptimized => Access::Optimized,
-        AccessState::ActiveNonOptimized => Access::NonOptimized,
-        AccessState::Standby => Access::Standby,
-        AccessState::Transitioning => Access::Transitioning,
-        AccessState::Unavailable | AccessState::Other(_) => Access::Unavailable,
-    }
-}
-
 /// Hands a path's new session to the engine. A reset the session saw
 /// (after the volume opened) means the target may have lost unflushed
 /// writes: they are written again first.
@@ -478,116 +467,6 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
     drop(core);
     if state != Access::Optimized && state != Access::NonOptimized {
         watch(shared, path);
-    }
-}
-
-/// Watches `path`'s port until it is active again, one watcher per path.
-fn watch(shared: &Arc<Shared>, path: PathId) {
-    let Transport::Iscsi(x) = &shared.settings.transport else {
-        return;
-    };
-    if !x
-        .watching
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(path.0)
-    {
-        return;
-    }
-    let span = shared.lock().paths[path.0].span.clone();
-    let weak = Arc::downgrade(shared);
-    tokio::spawn(alua_poll(weak, path, false).instrument(span));
-}
-
-/// Asks every path's port for its state once (the target announced a
-/// change).
-fn refresh_all(shared: &Arc<Shared>) {
-    let n = shared.lock().paths.len();
-    for i in 0..n {
-        let span = shared.lock().paths[i].span.clone();
-        tokio::spawn(alua_poll(Arc::downgrade(shared), PathId(i), true).instrument(span));
-    }
-}
-
-/// Asks `path`'s port for its state: once, or (a watcher) every
-/// [`ALUA_POLL`] until the port is active again or the path's session
-/// is gone.
-async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
-    loop {
-        if !once {
-            tokio::time::sleep(ALUA_POLL).await;
-        }
-        let Some(shared) = weak.upgrade() else { return };
-        let Transport::Iscsi(x) = &shared.settings.transport else {
-            return;
-        };
-        let conn = match shared.lock().paths[path.0].conns.first() {
-            Some(Some(Link::Iscsi(c))) => Some(c.clone()),
-            _ => None,
-        };
-        let (port, group) = x.ports.lock().unwrap_or_else(|p| p.into_inner())[path.0];
-        let state = match &conn {
-            Some(c) if !shared.closed() => {
-                let timeout = shared.settings.connect_timeout;
-                match iscsi::open::port_state(c, c.lun(), port, group, timeout).await {
-                    Ok(p) => {
-                        for a in p.attentions {
-                            // This poll reads the state itself.
-                            if a != Attention::AccessChanged {
-                                heard(&shared, a);
-                            }
-                        }
-                        p.access
-                    }
-                    Err(_) => None,
-                }
-            }
-            _ => None,
-        };
-        let a = state.map(access);
-        if let (Some(s), Some(a)) = (state, a) {
-            let mut core = shared.lock();
-            let now = shared.now();
-            if core.engine.path_report(path, now).access != a {
-                info!(state = s.name(), "ALUA state of the path's port changed");
-            }
-            core.engine.set_access(now, path, a);
-            core.act(&shared);
-        }
-        let active = matches!(a, Some(Access::Optimized | Access::NonOptimized));
-        if once {
-            // A port found inactive is watched until it is back: its
-            // session carries no I/O, so it would hear of the change
-            // only from another path's session.
-            if a.is_some() && !active {
-                watch(&shared, path);
-            }
-            return;
-        }
-        if active || conn.is_none() || shared.closed() {
-            x.watching
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&path.0);
-            return;
-        }
-    }
-}
-
-/// What a unit attention on any session of the volume means for it.
-fn heard(shared: &Arc<Shared>, attention: Attention) {
-    match attention {
-        Attention::Reset => {
-            let mut core = shared.lock();
-            if shared.closed() {
-                return;
-            }
-            core.target_restarted(shared.now(), "a unit attention told of a reset (29h)");
-            core.act(shared);
-        }
-        Attention::AccessChanged => refresh_all(shared),
-        Attention::NexusLoss => {}
-        other => warn!(?other, "unit attention"),
     }
 }
 
