@@ -137,7 +137,9 @@ impl Core {
                 }
                 Action::Fence { path, fence, conns } if !shared.closed() => {
                     let span = self.paths[path.0].span.clone();
-                    tokio::spawn(recover::fence(shared.clone(), fence, conns).instrument(span));
+                    tokio::spawn(
+                        recover::fence(shared.clone(), path, fence, conns).instrument(span),
+                    );
                 }
                 Action::Fence { .. } => {}
                 Action::Reconnect { path, after } if !shared.closed() => {

@@ -47,6 +47,9 @@ pub(crate) struct Expect {
     pub ports: Mutex<Vec<(Option<u16>, Option<u16>)>>,
     /// Paths whose ALUA state is being watched.
     pub watching: Mutex<HashSet<usize>>,
+    /// Each path's iSCSI portal group tag, from its last login: a session
+    /// is reinstated only through a portal of its own group.
+    pub tags: Mutex<Vec<Option<u16>>>,
     /// Failed paths are fenced by persistent reservation.
     pub reservations: bool,
     /// The keys this volume's sessions registered and have not withdrawn
@@ -225,6 +228,7 @@ pub(super) async fn open(
             source: uri.portal.to_string(),
             ports: Mutex::new(vec![(None, None); specs.len()]),
             watching: Mutex::new(HashSet::new()),
+            tags: Mutex::new(vec![None; specs.len()]),
             reservations: cfg.persistent_reservations,
             keys: Mutex::new(HashSet::new()),
         })),
@@ -454,6 +458,9 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
         .get_mut(path.0)
     {
         *slot = (o.relative_port, o.port_group);
+    }
+    if let Some(slot) = lock(&x.tags).get_mut(path.0) {
+        *slot = conn.logged_in.portal_group_tag;
     }
     let p = &mut core.paths[path.0];
     p.generation = generation;

@@ -180,7 +180,7 @@ fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
 /// any path, until it succeeds or the
 /// engine no longer wants `fence`. Each failure runs its own: a newer
 /// failure of the same path neither ends nor completes this one.
-pub(crate) async fn fence(shared: Arc<Shared>, fence: FenceId, conns: Vec<ConnId>) {
+pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<ConnId>) {
     let named: Vec<String> = conns.iter().map(ToString::to_string).collect();
     let mut delay = Duration::from_millis(50);
     loop {
@@ -194,6 +194,7 @@ pub(crate) async fn fence(shared: Arc<Shared>, fence: FenceId, conns: Vec<ConnId
                 .paths
                 .iter()
                 .enumerate()
+                .filter(|(i, _)| fences_through(&shared.settings.transport, path, PathId(*i)))
                 .map(|(i, p)| {
                     let usable = core.engine.path_usable(PathId(i));
                     (usable, p.spec.clone())
@@ -217,6 +218,31 @@ pub(crate) async fn fence(shared: Arc<Shared>, fence: FenceId, conns: Vec<ConnId
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(1));
     }
+}
+
+/// Whether a fence of `failed`'s connections may go through `via`'s
+/// portal. An iSCSI session is reinstated only by a login to a portal of
+/// its own portal group (RFC 7143: a session is its ISID and the group's
+/// tag; braid's target and LIO keep sessions per group), so a fence by
+/// reinstatement goes through portals with the failed path's tag, which
+/// may be its own portal alone: then its writes wait until that portal
+/// answers again. A persistent reservation fence, and NBD's, go through
+/// any path.
+fn fences_through(transport: &Transport, failed: PathId, via: PathId) -> bool {
+    match transport {
+        Transport::Iscsi(x) if !x.reservations => {
+            let tags = x.tags.lock().unwrap_or_else(|p| p.into_inner());
+            same_group(&tags, failed.0, via.0)
+        }
+        _ => true,
+    }
+}
+
+/// Whether path `via`'s portal is in path `failed`'s portal group (a
+/// path whose tag is unknown is in no group but its own).
+fn same_group(tags: &[Option<u16>], failed: usize, via: usize) -> bool {
+    let tag = |i: usize| tags.get(i).copied().flatten();
+    via == failed || tag(via).is_some_and(|t| Some(t) == tag(failed))
 }
 
 async fn fence_via(
@@ -258,5 +284,25 @@ async fn fence_via(
             "{}: the target did not confirm the fence",
             spec.portal
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_group;
+
+    #[test]
+    fn a_session_is_fenced_only_through_its_own_portal_group() {
+        // braid's target: a group per portal; only the failed portal.
+        let per_portal = [Some(1), Some(2)];
+        assert!(same_group(&per_portal, 0, 0));
+        assert!(!same_group(&per_portal, 0, 1));
+        // tgt, LIO's default: one group for every portal; any of them.
+        let one_group = [Some(1), Some(1), Some(1)];
+        assert!((0..3).all(|via| same_group(&one_group, 2, via)));
+        // A tag never learnt: its own portal only.
+        let unknown = [None, None];
+        assert!(same_group(&unknown, 1, 1));
+        assert!(!same_group(&unknown, 1, 0));
     }
 }
