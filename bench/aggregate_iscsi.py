@@ -11,7 +11,6 @@ reads, bench/iscsi-write.c for writes, both QD16 of 1 MiB).
 Only glue, called from bench/aggregate with that script's helpers (`ctx`).
 """
 
-import json
 import os
 import re
 import time
@@ -112,25 +111,7 @@ def bench(ctx, sc, uri, portal_args, rw, qd, secs, name):
     argv = sc.lab.c(ctx.BRAID, "bench", uri, *portal_args, "--rw", rw, "--bs", "1M", "--iodepth", str(qd),
                     "--time", str(secs), "--policy", "adaptive", "--json", "-q", *sc.braid_local_args())
     rc, out, err = ctx.run(argv, timeout=secs + 60, check=False)
-    with open(sc.rawfile(f"iscsi-braid-{name}.json"), "w") as f:
-        f.write(out)
-        if err.strip():
-            f.write("\n/* stderr:\n" + ctx.strip_ansi(err) + "*/\n")
-    try:
-        j = json.loads(out)
-    except json.JSONDecodeError:
-        raise ctx.Failed(f"braid bench exit {rc}: {ctx.last_line(err or out)}")
-    total = sum(p["bytes"] for p in j["paths"]) or 1
-    res = {"mb_s": j["mb_per_s"], "iops": j["iops"], "lat_us": j.get("lat_us"),
-           "share": [p["bytes"] / total for p in sorted(j["paths"], key=lambda p: p["index"])],
-           "notes": []}
-    if j.get("errors"):
-        res["notes"].append(f"{j['errors']} I/O errors")
-    if rc != 0:
-        res["notes"].append(f"exit {rc}: {ctx.last_line(err)}")
-    if len(j["paths"]) != len(sc.paths):
-        res["notes"].append(f"braid used {len(j['paths'])} paths of {len(sc.paths)}")
-    return res
+    return ctx.bench_figures(rc, out, err, len(sc.paths), sc.rawfile(f"iscsi-braid-{name}.json"))
 
 
 def perf_read(ctx, sc, uri, secs):

@@ -29,14 +29,6 @@ fn prin(i: &mut Initiator, action: u8) -> Vec<u8> {
     r.data
 }
 
-/// The registered keys (READ KEYS).
-fn keys(i: &mut Initiator) -> Vec<u64> {
-    prin(i, 0)[8..]
-        .chunks(8)
-        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
-        .collect()
-}
-
 const WRITE_EXCLUSIVE: u8 = 1;
 const REGISTER: u8 = 0;
 const RESERVE: u8 = 1;
@@ -84,7 +76,7 @@ fn preempt_and_abort_fences_the_preempted_nodes_queued_write() {
         [0xbb; 512],
         "the preempted node's queued write never landed"
     );
-    assert_eq!(keys(&mut b), [0xb]);
+    assert_eq!(b.registered_keys(), [0xb]);
 }
 
 #[test]
@@ -122,7 +114,7 @@ fn reservations_survive_a_restart_when_asked_to_and_only_then() {
 
     let srv = start();
     let mut b = Initiator::login_as(addr, TARGET, &who(node_b, 1));
-    assert_eq!(keys(&mut b), [0x5eed], "the registration came back");
+    assert_eq!(b.registered_keys(), [0x5eed], "the registration came back");
     let reservation = prin(&mut b, 1);
     assert_eq!(reservation[8..16], 0x5eedu64.to_be_bytes());
     assert_eq!(reservation[21], WRITE_EXCLUSIVE);
@@ -138,7 +130,7 @@ fn reservations_survive_a_restart_when_asked_to_and_only_then() {
 
     let _srv = start();
     let mut b = Initiator::login_as(addr, TARGET, &who(node_b, 1));
-    assert_eq!(keys(&mut b), Vec::<u64>::new());
+    assert_eq!(b.registered_keys(), Vec::<u64>::new());
     b.write10(0, &[9; 512]);
 }
 
@@ -184,9 +176,9 @@ fn braid_holds_a_reservation_only_while_the_volume_is_open() {
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut other = Initiator::login_as(addr, TARGET, &who("iqn.2026-11.org.example:other", 3));
     assert!(
-        keys(&mut other).is_empty(),
+        other.registered_keys().is_empty(),
         "left registered: {:x?}",
-        keys(&mut other)
+        other.registered_keys()
     );
     assert_eq!(prout(&mut other, REGISTER, 0, 0, 0xabc, false), GOOD);
     assert_eq!(
@@ -203,5 +195,9 @@ fn braid_holds_a_reservation_only_while_the_volume_is_open() {
         stderr.contains("another initiator holds a reservation on the unit"),
         "{stderr}"
     );
-    assert_eq!(keys(&mut other), [0xabc], "braid's key was not withdrawn");
+    assert_eq!(
+        other.registered_keys(),
+        [0xabc],
+        "braid's key was not withdrawn"
+    );
 }

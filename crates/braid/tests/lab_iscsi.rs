@@ -29,6 +29,18 @@ const POLICIES: [&str; 9] = [
     "failover",
 ];
 
+/// A `braid bench --json` run's JSON, asserted free of I/O errors and
+/// verify mismatches.
+fn clean(out: &std::process::Output, what: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    assert_eq!(
+        (v["errors"].as_u64(), v["verify_errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{what}: {v}"
+    );
+    v
+}
+
 /// Bytes each path carried in a short verified mixed benchmark.
 fn bench(lab: &Lab, target: &Target, policy: &str) -> Vec<u64> {
     let uri = target.uri();
@@ -51,13 +63,7 @@ fn bench(lab: &Lab, target: &Target, policy: &str) -> Vec<u64> {
     ];
     args.extend(portals.iter().map(String::as_str));
     let out = braid_client(lab, &args, Duration::from_secs(60));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
-    assert_eq!(
-        (v["errors"].as_u64(), v["verify_errors"].as_u64()),
-        (Some(0), Some(0)),
-        "{:?} {policy}: {v}",
-        target.kind
-    );
+    let v = clean(&out, &format!("{:?} {policy}", target.kind));
     v["paths"]
         .as_array()
         .expect("paths")
@@ -156,13 +162,8 @@ fn a_portal_in_the_send_targets_answer_that_never_answers_is_left_out_quickly() 
         Duration::from_secs(60),
     );
     let took = began.elapsed();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench JSON");
+    let v = clean(&out, "one portal silent");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        (v["errors"].as_u64(), v["verify_errors"].as_u64()),
-        (Some(0), Some(0)),
-        "{v}"
-    );
     let paths = v["paths"].as_array().expect("paths");
     assert_eq!(paths.len(), 1, "the silent portal became a path: {v}");
     let unreachable = format!("{}", target.portals[1]);

@@ -101,19 +101,6 @@ fn faults(lab: &Lab, start: Instant) -> Moments {
     m
 }
 
-/// The unit's registered keys, as another initiator reads them
-/// (PERSISTENT RESERVE IN, READ KEYS).
-fn registered_keys(portal: std::net::SocketAddr) -> Vec<u64> {
-    let mut i = iscsikit::Initiator::login(portal, iscsilab::BRAID_IQN);
-    let r = i.exec(&[0x5e, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &[], 512);
-    assert!(r.good(), "READ KEYS: {r:?}");
-    let listed = u32::from_be_bytes(r.data[4..8].try_into().unwrap()) as usize;
-    r.data[8..8 + listed]
-        .chunks(8)
-        .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
-        .collect()
-}
-
 const WORK: Workload = Workload {
     blocks: 128,
     bs: 256 * 1024,
@@ -164,7 +151,9 @@ fn every_fault_over(kind: Kind) {
             "no failed path was fenced by PREEMPT AND ABORT\n{context}"
         );
         let keys = lab
-            .enter(Side::Client, || registered_keys(target.portals[0]))
+            .enter(Side::Client, || {
+                iscsikit::Initiator::login(target.portals[0], iscsilab::BRAID_IQN).registered_keys()
+            })
             .unwrap();
         assert!(
             keys.is_empty(),

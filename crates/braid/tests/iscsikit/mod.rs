@@ -369,6 +369,18 @@ impl Initiator {
         self.wait(itt)
     }
 
+    /// The unit's registered reservation keys (PERSISTENT RESERVE IN,
+    /// READ KEYS).
+    pub fn registered_keys(&mut self) -> Vec<u64> {
+        let r = self.exec(&[0x5e, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &[], 512);
+        assert!(r.good(), "READ KEYS: {r:?}");
+        let listed = u32::from_be_bytes(r.data[4..8].try_into().unwrap()) as usize;
+        r.data[8..8 + listed]
+            .chunks(8)
+            .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+            .collect()
+    }
+
     /// Sends WRITE(10) of `blocks` at `lba` and no data at all, as a
     /// hostile or broken initiator would; returns its task tag.
     pub fn write10_without_data(&mut self, lba: u32, blocks: u16) -> u32 {

@@ -216,12 +216,47 @@ pub async fn open(
     })
 }
 
+/// Sends `cmd` until it is answered by something other than a unit
+/// attention: a target reports a pending attention in place of the next
+/// command's answer (SPC-5), so the command is sent again, up to one try
+/// per kind of attention a target may have queued. Returns the answer
+/// (the last attention's, past the tries) and the attentions met, which
+/// the caller must act on: one may say that the unit was reset.
+///
+/// # Errors
+///
+/// The connection ended or the command timed out.
+pub async fn call_past_attentions(
+    conn: &Conn,
+    cmd: Command,
+    timeout: Duration,
+) -> Result<(Answer, Vec<Attention>), String> {
+    const TRIES: usize = 4;
+    let mut attentions = Vec::new();
+    loop {
+        let a = conn.call(cmd.clone(), timeout).await?;
+        let attention = match &a.outcome {
+            Outcome::Status {
+                status: status::CHECK_CONDITION,
+                sense: Some(s),
+                ..
+            } => match s.verdict() {
+                Verdict::Attention(at) => Some(at),
+                _ => None,
+            },
+            _ => None,
+        };
+        match attention {
+            Some(at) if attentions.len() < TRIES => attentions.push(at),
+            _ => return Ok((a, attentions)),
+        }
+    }
+}
+
 /// This port's ALUA state from REPORT TARGET PORT GROUPS: the group that
 /// lists its relative port (or, failing that, has its group id). `None`
-/// when the target does not say. A unit attention pending for the session
-/// is reported in place of the first answers (SPC-5): the command is sent
-/// again, and the attentions it met are returned, since one may say that
-/// the unit was reset, which the caller must not miss.
+/// when the target does not say. Sent past unit attentions
+/// ([`call_past_attentions`]), which are returned.
 ///
 /// # Errors
 ///
@@ -234,52 +269,29 @@ pub async fn port_state(
     timeout: Duration,
 ) -> Result<PortState, String> {
     let len = 4096;
-    let mut attentions = Vec::new();
-    for _ in 0..ATTENTION_TRIES {
-        let a = conn
-            .call(
-                Command {
-                    lun,
-                    cdb: cdb::report_target_port_groups(len),
-                    read: len,
-                    write: None,
-                },
-                timeout,
-            )
-            .await?;
-        if let Outcome::Status {
-            status: status::CHECK_CONDITION,
-            sense: Some(s),
-            ..
-        } = &a.outcome
-        {
-            if let Verdict::Attention(at) = s.verdict() {
-                attentions.push(at);
-                continue;
-            }
-        }
-        if !is_good(&a) {
-            break;
-        }
-        let groups = unit::port_groups(&a.data).map_err(|e| e.to_string())?;
-        let mine = groups
-            .iter()
-            .find(|g| port.is_some_and(|p| g.ports.contains(&p)))
-            .or_else(|| groups.iter().find(|g| Some(g.id) == group));
+    let cmd = Command {
+        lun,
+        cdb: cdb::report_target_port_groups(len),
+        read: len,
+        write: None,
+    };
+    let (a, attentions) = call_past_attentions(conn, cmd, timeout).await?;
+    if !is_good(&a) {
         return Ok(PortState {
-            access: mine.map(|g| g.state),
+            access: None,
             attentions,
         });
     }
+    let groups = unit::port_groups(&a.data).map_err(|e| e.to_string())?;
+    let mine = groups
+        .iter()
+        .find(|g| port.is_some_and(|p| g.ports.contains(&p)))
+        .or_else(|| groups.iter().find(|g| Some(g.id) == group));
     Ok(PortState {
-        access: None,
+        access: mine.map(|g| g.state),
         attentions,
     })
 }
-
-/// How many unit attentions [`port_state`] takes before it gives up: one
-/// per kind a target may have queued.
-const ATTENTION_TRIES: usize = 4;
 
 /// What [`port_state`] learned.
 #[derive(Debug, Default)]

@@ -12,13 +12,12 @@ use std::time::Duration;
 
 use braid_iscsi::initiator::cdb::{self, ReserveOut};
 use braid_iscsi::initiator::login::Isid;
-use braid_iscsi::initiator::sense::Verdict;
 use braid_iscsi::initiator::session::{Command, Outcome};
 use braid_iscsi::scsi::sense::status;
 use bytes::Bytes;
 
 use super::conn::Conn;
-use super::open::SessionConfig;
+use super::open::{call_past_attentions, SessionConfig};
 use crate::conn::ConnectError;
 use crate::discover::PathSpec;
 
@@ -32,11 +31,10 @@ pub fn key(isid: Isid) -> u64 {
     u64::from_be_bytes(b)
 }
 
-/// Unit attentions a command may meet before it is answered.
-const ATTENTION_TRIES: usize = 4;
-
-/// Runs `cdb` (with `data` out, `read` bytes in) until it is answered by
-/// something other than a unit attention.
+/// Runs `cdb` (with `data` out, `read` bytes in) past unit attentions
+/// (a reservation change raises them on the other sessions); the
+/// attentions are not acted on here: the volume's sessions hear their
+/// own.
 async fn run(
     conn: &Conn,
     cdb: [u8; 16],
@@ -44,41 +42,29 @@ async fn run(
     read: u32,
     timeout: Duration,
 ) -> Result<Bytes, String> {
-    for _ in 0..ATTENTION_TRIES {
-        let a = conn
-            .call(
-                Command {
-                    lun: conn.lun(),
-                    cdb,
-                    read,
-                    write: data.clone().map(Bytes::from),
-                },
-                timeout,
-            )
-            .await?;
-        match &a.outcome {
-            Outcome::Status {
-                status: status::GOOD,
-                ..
-            } => return Ok(a.data),
-            Outcome::Status {
-                status: status::CHECK_CONDITION,
-                sense: Some(s),
-                ..
-            } if matches!(s.verdict(), Verdict::Attention(_)) => continue,
-            Outcome::Status {
-                status: status::RESERVATION_CONFLICT,
-                ..
-            } => return Err("RESERVATION CONFLICT".into()),
-            Outcome::Status {
-                status: status::CHECK_CONDITION,
-                sense: Some(s),
-                ..
-            } => return Err(s.to_string()),
-            o => return Err(format!("{o:?}")),
-        }
+    let cmd = Command {
+        lun: conn.lun(),
+        cdb,
+        read,
+        write: data.map(Bytes::from),
+    };
+    let (a, _) = call_past_attentions(conn, cmd, timeout).await?;
+    match a.outcome {
+        Outcome::Status {
+            status: status::GOOD,
+            ..
+        } => Ok(a.data),
+        Outcome::Status {
+            status: status::RESERVATION_CONFLICT,
+            ..
+        } => Err("RESERVATION CONFLICT".into()),
+        Outcome::Status {
+            status: status::CHECK_CONDITION,
+            sense: Some(s),
+            ..
+        } => Err(s.to_string()),
+        o => Err(format!("{o:?}")),
     }
-    Err("unit attentions without end".into())
 }
 
 async fn out(
