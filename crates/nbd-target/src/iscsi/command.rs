@@ -1,9 +1,10 @@
 //! SCSI commands on one connection. The reader hands each command here
 //! in CmdSN order; what must follow that order (unit attentions, the
 //! port's access state, taking WRITE data) happens at once, and the rest
-//! runs as its own task, so commands of one connection reach the backend
-//! together and finish in any order (SIMPLE tasks, unrestricted
-//! reordering: the control mode page says QAM 1).
+//! runs at once as far as it can and as its own task from where it must
+//! wait, so commands of one connection reach the backend together and
+//! finish in any order (SIMPLE tasks, unrestricted reordering: the control
+//! mode page says QAM 1).
 //!
 //! Memory is bounded per connection: WRITEs waiting for their data may
 //! hold [`MAX_PENDING_WRITE_BYTES`] (past it a WRITE is answered TASK SET
@@ -124,9 +125,24 @@ impl Commands {
         }
     }
 
-    /// Runs `f` as a task of this connection.
+    /// Runs `f` as a task of this connection: here at once as far as it
+    /// goes without waiting, and as its own task from where it must wait.
+    ///
+    /// A command on an in-memory backend never waits, so it is done
+    /// before the reader takes the next PDU, and the answers to every
+    /// command of one read of the socket leave in one write (the writer
+    /// runs only once the reader yields). Spawned at once, each was a task
+    /// of its own, woke the writer on its own and went out in a write of
+    /// its own.
     pub fn spawn(&mut self, f: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.running.spawn(f);
+        let mut f = Box::pin(f);
+        // Polled with a waker that does nothing: a future that is not ready
+        // has registered it wherever it waits, and registers the task's
+        // own waker when the task polls it again, as every future must.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if f.as_mut().poll(&mut cx).is_pending() {
+            self.running.spawn(f);
+        }
         while self.running.try_join_next().is_some() {}
     }
 
