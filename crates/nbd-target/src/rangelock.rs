@@ -27,6 +27,13 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
+fn hold_id(s: &mut State, range: (u64, u64), exclusive: bool) -> u64 {
+    let id = s.next;
+    s.next += 1;
+    s.held.push((range.0, range.1, exclusive, id));
+    id
+}
+
 /// The range locks of one export.
 #[derive(Debug, Default)]
 pub struct RangeLock {
@@ -63,10 +70,7 @@ impl RangeGuard<'_> {
 
 impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
-        let mut s = self.lock.state();
-        s.held.retain(|h| h.3 != self.id);
-        drop(s);
-        self.lock.freed.notify_all();
+        self.lock.release(self.id);
     }
 }
 
@@ -80,10 +84,10 @@ impl RangeLock {
     }
 
     fn hold(&self, s: &mut State, range: (u64, u64), exclusive: bool) -> RangeGuard<'_> {
-        let id = s.next;
-        s.next += 1;
-        s.held.push((range.0, range.1, exclusive, id));
-        RangeGuard { lock: self, id }
+        RangeGuard {
+            lock: self,
+            id: hold_id(s, range, exclusive),
+        }
     }
 
     /// Holds `[offset, offset + len)` beside other writers, waiting while
@@ -107,6 +111,29 @@ impl RangeLock {
             }
             s = self.wait(s);
         }
+    }
+
+    /// Holds `[offset, offset + len)` beside other writers if that needs
+    /// no wait, and returns the hold's id for [`Self::release`]: for a
+    /// write that ends on another thread (an asynchronous backend's
+    /// completion), where a guard borrowing the lock cannot go.
+    pub fn try_shared(&self, offset: u64, len: u64) -> Option<u64> {
+        let range = (offset, offset.saturating_add(len.max(1)));
+        let mut s = self.state();
+        let busy = s.held.iter().any(|h| h.2 && overlaps((h.0, h.1), range))
+            || s.waiting.iter().any(|w| overlaps(*w, range));
+        if busy {
+            return None;
+        }
+        Some(hold_id(&mut s, range, false))
+    }
+
+    /// Ends the hold `id` (from [`Self::try_shared`] or a guard's drop).
+    pub fn release(&self, id: u64) {
+        let mut s = self.state();
+        s.held.retain(|h| h.3 != id);
+        drop(s);
+        self.freed.notify_all();
     }
 
     /// Holds `[offset, offset + len)` alone: waits until no writer holds
@@ -193,5 +220,30 @@ mod tests {
         assert_eq!(l.blocked(), 0);
         let _unrelated = l.exclusive(1 << 20, 512);
         drop(l.shared(0, 512));
+    }
+
+    #[test]
+    fn a_hold_taken_without_waiting_keeps_an_exclusive_holder_out_until_released() {
+        let l = Arc::new(RangeLock::default());
+        let id = l.try_shared(0, 512).expect("nothing holds the range");
+        let l2 = l.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _g = l2.exclusive(256, 512);
+            tx.send(()).unwrap();
+        });
+        while l.exclusive_waiting() == 0 {
+            std::thread::yield_now();
+        }
+        assert!(rx.try_recv().is_err(), "not while the hold lasts");
+        // Waiting behind an exclusive holder is a wait: refused at once.
+        assert_eq!(l.try_shared(300, 10), None);
+        assert!(
+            l.try_shared(4096, 512).is_some(),
+            "an unrelated range is free"
+        );
+        l.release(id);
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        t.join().unwrap();
     }
 }

@@ -151,6 +151,12 @@ impl AsRef<[u8]> for Buf {
     }
 }
 
+impl AsMut<[u8]> for Buf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
 impl Drop for Buf {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {

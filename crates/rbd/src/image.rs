@@ -424,8 +424,12 @@ impl Image {
             },
             move |b, r| {
                 let want = b.as_ref().len();
-                let res = check(r, || format!("{name}: write at {off}"))
-                    .and_then(|n| short(n, want, || format!("{name}: short write at {off}")));
+                // An asynchronous write completes with 0 (a synchronous
+                // one returns its length); librbd writes all or nothing.
+                let res = check(r, || format!("{name}: write at {off}")).and_then(|n| match n {
+                    0 => Ok(()),
+                    n => short(n, want, || format!("{name}: short write at {off}")),
+                });
                 done(b, res);
             },
         );

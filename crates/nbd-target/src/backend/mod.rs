@@ -14,6 +14,8 @@ mod rbd;
 
 use std::io;
 
+use braid_pool::Buf;
+
 pub use file::FileBackend;
 
 /// What a backend can do, as nbdkit's `can_*` callbacks say it.
@@ -147,4 +149,49 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ///
     /// The OS error.
     fn cache(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Whether [`Self::start_read`] starts reads (the backend has
+    /// asynchronous I/O).
+    fn can_start_read(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Self::start_write`] would start this write now.
+    fn can_start_write(&self, _fua: bool) -> bool {
+        false
+    }
+
+    /// Starts filling `buf` from `offset` with no thread waiting for it,
+    /// where the backend has asynchronous I/O (librbd's); `done` gets the
+    /// buffer back with the outcome.
+    ///
+    /// # Errors
+    ///
+    /// The arguments back, when it did not start the read after all (the
+    /// caller then runs [`Self::read_at`] on a blocking thread).
+    fn start_read(&self, buf: Buf, _offset: u64, done: Done) -> Result<(), (Buf, Done)> {
+        Err((buf, done))
+    }
+
+    /// Starts writing `buf` at `offset` as [`Self::start_read`] starts a
+    /// read (`fua` as for [`Self::write_at`]).
+    ///
+    /// # Errors
+    ///
+    /// The arguments back, when it did not start the write after all (the
+    /// caller then runs [`Self::write_at`] on a blocking thread).
+    fn start_write(
+        &self,
+        buf: Buf,
+        _offset: u64,
+        _fua: bool,
+        done: Done,
+    ) -> Result<(), (Buf, Done)> {
+        Err((buf, done))
+    }
 }
+
+/// What an asynchronous request ([`Backend::start_read`]) runs once it
+/// is over, with its buffer and the outcome, on a thread of the backend's
+/// own: it must not block.
+pub type Done = Box<dyn FnOnce(Buf, io::Result<()>) + Send>;

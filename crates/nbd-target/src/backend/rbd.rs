@@ -13,7 +13,9 @@ use std::io;
 
 use braid_proto::wire::state;
 
-use super::{Backend, Caps, Extent, ZeroError};
+use braid_pool::Buf;
+
+use super::{Backend, Caps, Done, Extent, ZeroError};
 use crate::gateway::RbdVolume;
 
 /// BLOCK_STATUS looks at most this far per request: the spec lets a
@@ -106,6 +108,33 @@ impl Backend for RbdVolume {
 
     fn cache(&self, _offset: u64, _len: u64) -> io::Result<()> {
         // Nothing is cached here to warm.
+        Ok(())
+    }
+
+    fn can_start_read(&self) -> bool {
+        true
+    }
+
+    fn can_start_write(&self, fua: bool) -> bool {
+        // A write that must wait (for the newest OSD map, or a cache
+        // flush after it) goes the synchronous way, on a blocking thread.
+        !(fua && self.ceph.caches()) && self.write_ready_now()
+    }
+
+    fn start_read(&self, buf: Buf, offset: u64, done: Done) -> Result<(), (Buf, Done)> {
+        let check = self.checker();
+        self.image()
+            .aio_read(offset, buf, move |b, r| done(b, check(r)));
+        Ok(())
+    }
+
+    fn start_write(&self, buf: Buf, offset: u64, fua: bool, done: Done) -> Result<(), (Buf, Done)> {
+        if !self.can_start_write(fua) {
+            return Err((buf, done));
+        }
+        let check = self.checker();
+        self.image()
+            .aio_write(offset, buf, move |b, r| done(b, check(r)));
         Ok(())
     }
 }

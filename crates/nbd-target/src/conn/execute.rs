@@ -157,15 +157,36 @@ pub(crate) fn execute(
     match result {
         Ok(Some(reply)) => reply,
         Ok(None) => ok_reply(style, req.cookie),
+        Err(e) => failed(style, req.cookie, e),
+    }
+}
+
+/// The reply to a READ (with `data`) or a WRITE that ended with `result`.
+pub(crate) fn data_reply(
+    style: &ReplyStyle,
+    req: &Request,
+    data: Buf,
+    result: io::Result<()>,
+) -> Reply {
+    match (req.command, result) {
+        (Command::Read, Ok(())) => read_reply(style, req.cookie, req.offset, data),
+        (_, Ok(())) => ok_reply(style, req.cookie),
+        (Command::Read, Err(e)) => failed(style, req.cookie, io_error("read", req.offset, &e)),
+        (_, Err(e)) => failed(style, req.cookie, io_error("write", req.offset, &e)),
+    }
+}
+
+fn failed(style: &ReplyStyle, cookie: Cookie, (errno, message): (Errno, String)) -> Reply {
+    match errno {
         // See `Backend`: ESHUTDOWN means this server may no longer use the
         // storage; the client must fence this connection and go elsewhere.
-        Err((Errno::Shutdown, _)) => Reply {
+        Errno::Shutdown => Reply {
             parts: Vec::new(),
             file: None,
             ok: false,
             cut: true,
         },
-        Err((errno, message)) => error_reply(style, req.cookie, errno, &message),
+        _ => error_reply(style, cookie, errno, &message),
     }
 }
 

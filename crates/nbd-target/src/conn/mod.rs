@@ -13,6 +13,7 @@ mod execute;
 mod forwarded;
 mod payload;
 mod sock;
+mod started;
 mod writer;
 
 use std::sync::Arc;
@@ -562,6 +563,21 @@ impl Reader {
                 }
             }
         }
+        let (req, payload, permits) = match &self.export.storage {
+            Storage::Local(backend) if self.blocking() && !conn.fenced() => {
+                let answer = started::Answer {
+                    conn: conn.clone(),
+                    export: self.export.clone(),
+                    style: self.style.clone(),
+                    tx: self.tx.clone(),
+                };
+                match started::start(backend, answer, req, payload, permits) {
+                    Ok(()) => return,
+                    Err(back) => back,
+                }
+            }
+            _ => (req, payload, permits),
+        };
         let job = self.job(req, payload, permits);
         if self.blocking() {
             tokio::task::spawn_blocking(job);

@@ -350,17 +350,38 @@ impl RbdVolume {
         }
     }
 
+    /// Whether [`Self::before_write`] passes at once, with no call to the
+    /// monitors: then a write may start with no thread waiting on it.
+    pub(crate) fn write_ready_now(&self) -> bool {
+        match self.read_handle().watch.as_ref().map(Watch::check) {
+            None => true,
+            Some(Ok(age)) => age < self.ceph.watch_timeout() / 2,
+            Some(Err(_)) => false,
+        }
+    }
+
     /// Takes a librbd error: a blocklisted client makes the gateway
     /// reconnect as a new one.
     pub(crate) fn check<T>(&self, r: braid_rbd::Result<T>) -> std::io::Result<T> {
-        r.map_err(|e| {
-            if e.blocklisted() {
-                self.ceph
-                    .lost(self.ceph.current().tag, format!("{}: {e}", self.spec));
-            }
-            e.into()
-        })
+        checked(&self.ceph, &self.spec, r)
     }
+
+    /// [`Self::check`] for a completion, which runs on a librbd thread.
+    pub(crate) fn checker(
+        &self,
+    ) -> impl FnOnce(braid_rbd::Result<()>) -> std::io::Result<()> + Send + 'static {
+        let (ceph, spec) = (self.ceph.clone(), self.spec.clone());
+        move |r| checked(&ceph, &spec, r)
+    }
+}
+
+fn checked<T>(ceph: &Arc<Ceph>, spec: &RbdSpec, r: braid_rbd::Result<T>) -> std::io::Result<T> {
+    r.map_err(|e| {
+        if e.blocklisted() {
+            ceph.lost(ceph.current().tag, format!("{spec}: {e}"));
+        }
+        e.into()
+    })
 }
 
 impl Peers for RbdVolume {
