@@ -9,6 +9,7 @@
 //! replies onto the socket). Reader and writer are registered with the
 //! [`Conn`] so a fence can cut them off.
 
+mod dispatch;
 mod execute;
 mod forwarded;
 mod payload;
@@ -19,7 +20,6 @@ mod writer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_pool::Buf;
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
     Command, Errno, ProtoError, Request, ServerConfig, ServerEvent, ServerHandshake, Session,
@@ -30,7 +30,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
-use crate::export::{Export, Exports, Storage};
+use crate::export::{Export, Exports};
 use crate::registry::{Conn, Registry};
 pub(crate) use execute::{error_reply, Reply, ReplyStyle};
 use writer::{Outgoing, Permits};
@@ -500,167 +500,5 @@ impl Reader {
                 _global: None,
             },
         });
-    }
-
-    fn dispatch(&self, req: Request, payload: Option<Buf>, permits: Permits) {
-        let conn = &self.conn;
-        conn.begin();
-        if let Storage::Forwarded(fwd) = &self.export.storage {
-            let (conn, fwd, style, tx) = (
-                conn.clone(),
-                fwd.clone(),
-                self.style.clone(),
-                self.tx.clone(),
-            );
-            let task = tokio::spawn(async move {
-                conn.wait_unheld().await;
-                if !conn.fenced() {
-                    let reply = if req.command == Command::BlockStatus && !fwd.block_status() {
-                        // Nothing known behind: all data, which is always
-                        // a correct answer (spec: status 0 is safe).
-                        execute::block_status_reply(&style, &req, &[])
-                    } else {
-                        let result = fwd.forward(&req, payload.map(Buf::into_bytes)).await;
-                        forwarded::reply(&style, &req, result)
-                    };
-                    count(&conn, &req, &reply);
-                    let _ = tx.send(Outgoing {
-                        reply,
-                        _permits: permits,
-                    });
-                }
-                conn.end();
-            });
-            drop(task);
-            return;
-        }
-        if conn.held() {
-            // Test hook (Registry::hold): wait off the reader, then run.
-            let blocking = self.blocking();
-            let held = conn.clone();
-            let job = self.job(req, payload, permits);
-            tokio::spawn(async move {
-                held.wait_unheld().await;
-                if blocking {
-                    tokio::task::spawn_blocking(job);
-                } else {
-                    job();
-                }
-            });
-            return;
-        }
-        if let (true, Storage::Local(backend)) = (self.blocking(), &self.export.storage) {
-            // Cached data needs no blocking thread: answer it here.
-            if !conn.fenced() {
-                if let Some(reply) = execute::try_read_now(backend.as_ref(), &self.style, &req) {
-                    count(conn, &req, &reply);
-                    let _ = self.tx.send(Outgoing {
-                        reply,
-                        _permits: permits,
-                    });
-                    conn.end();
-                    return;
-                }
-            }
-        }
-        let (req, payload, permits) = match &self.export.storage {
-            Storage::Local(backend) if self.blocking() && !conn.fenced() => {
-                let answer = started::Answer {
-                    conn: conn.clone(),
-                    export: self.export.clone(),
-                    style: self.style.clone(),
-                    tx: self.tx.clone(),
-                };
-                match started::start(backend, answer, req, payload, permits) {
-                    Ok(()) => return,
-                    Err(back) => back,
-                }
-            }
-            _ => (req, payload, permits),
-        };
-        let job = self.job(req, payload, permits);
-        if self.blocking() {
-            tokio::task::spawn_blocking(job);
-        } else {
-            job();
-        }
-    }
-
-    fn blocking(&self) -> bool {
-        match &self.export.storage {
-            Storage::Local(b) => b.blocking(),
-            Storage::Forwarded(_) => false,
-        }
-    }
-
-    /// The work of one request: run it unless fenced, send the reply.
-    fn job(
-        &self,
-        req: Request,
-        payload: Option<Buf>,
-        permits: Permits,
-    ) -> impl FnOnce() + Send + 'static {
-        let conn = self.conn.clone();
-        let export = self.export.clone();
-        let style = self.style.clone();
-        let tx = self.tx.clone();
-        move || {
-            // A fence that arrived before this request started drops it.
-            if !conn.fenced() {
-                let Storage::Local(backend) = &export.storage else {
-                    unreachable!("forwarded exports are dispatched above");
-                };
-                let started = std::time::Instant::now();
-                // Writes hold their range beside each other, but never
-                // while an iSCSI COMPARE AND WRITE holds it.
-                let _range = matches!(
-                    req.command,
-                    Command::Write | Command::WriteZeroes | Command::Trim
-                )
-                .then(|| export.writes.shared(req.offset, u64::from(req.length)));
-                let reply = execute::execute(backend, &style, &req, payload);
-                if reply.cut {
-                    warn!(
-                        "{} lost its storage (ESHUTDOWN): closing the connection unanswered \
-                         so that the client fails over",
-                        export.name
-                    );
-                    conn.cut();
-                    conn.end();
-                    return;
-                }
-                if req.command == Command::Flush {
-                    conn.stats.flush_latency.record(started.elapsed());
-                }
-                count(&conn, &req, &reply);
-                let _ = tx.send(Outgoing {
-                    reply,
-                    _permits: permits,
-                });
-            }
-            conn.end();
-        }
-    }
-}
-
-fn count(conn: &Conn, req: &Request, reply: &Reply) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &conn.stats;
-    if !reply.ok {
-        s.errors.fetch_add(1, Relaxed);
-        return;
-    }
-    match req.command {
-        Command::Read => {
-            s.reads.fetch_add(1, Relaxed);
-            s.read_bytes.fetch_add(u64::from(req.length), Relaxed);
-        }
-        Command::Write => {
-            s.writes.fetch_add(1, Relaxed);
-            s.written_bytes.fetch_add(u64::from(req.length), Relaxed);
-        }
-        _ => {
-            s.others.fetch_add(1, Relaxed);
-        }
     }
 }

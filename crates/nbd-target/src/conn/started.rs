@@ -18,7 +18,7 @@ use braid_proto::{Command, Request};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::count;
+use super::dispatch::count;
 use super::execute::{self, ReplyStyle};
 use super::writer::{Outgoing, Permits};
 use crate::backend::{Backend, Done};
