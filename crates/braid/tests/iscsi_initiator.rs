@@ -124,6 +124,14 @@ fn copy_and_bench_over_every_portal_of_braids_target() {
     drop(serve);
 }
 
+/// tgt on `portals` serving target 1 ([`TGT_IQN`]) with LUN 1 on a new
+/// sparse file `name` of `size` bytes in `dir`, its unit serial `serial`.
+fn tgt_lun(portals: &[SocketAddr], dir: &Path, name: &str, size: u64, serial: &str) -> Tgt {
+    let mut tgt = Tgt::start(portals);
+    tgt.target(1, TGT_IQN, 1, &sparse_file(dir, name, size), serial);
+    tgt
+}
+
 #[cfg_attr(
     braid_skip = "root",
     ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
@@ -143,14 +151,7 @@ fn copy_and_bench_against_tgt_with_a_portal_per_path() {
         .iter()
         .map(|a| format!("{a}:{port}").parse().unwrap())
         .collect();
-    let mut tgt = Tgt::start(&portals);
-    tgt.target(
-        1,
-        TGT_IQN,
-        1,
-        &sparse_file(dir.path(), "lun.img", 64 << 20),
-        "braid0001",
-    );
+    let mut tgt = tgt_lun(&portals, dir.path(), "lun.img", 64 << 20, "braid0001");
     let uri = format!("iscsi://127.0.0.1:{port}/{TGT_IQN}/1");
     let (p1, p2) = (portals[0].to_string(), portals[1].to_string());
     let paths = ["--portal", &p1, "--portal", &p2];
@@ -256,12 +257,11 @@ fn chap_and_mutual_chap_against_tgt() {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut tgt = Tgt::start(&[format!("127.0.0.1:{port}").parse().unwrap()]);
-    tgt.target(
-        1,
-        TGT_IQN,
-        1,
-        &sparse_file(dir.path(), "lun.img", 16 << 20),
+    let mut tgt = tgt_lun(
+        &[format!("127.0.0.1:{port}").parse().unwrap()],
+        dir.path(),
+        "lun.img",
+        16 << 20,
         "braid0002",
     );
     tgt.chap(
@@ -351,22 +351,8 @@ fn a_tgt_portal_leading_to_another_lun_is_refused_with_both_identities() {
     let b: SocketAddr = format!("127.0.0.2:{port}").parse().unwrap();
     // Two tgt instances, one target name and LUN size, different units
     // (tgt names a unit by its serial).
-    let mut one = Tgt::start(&[a]);
-    one.target(
-        1,
-        TGT_IQN,
-        1,
-        &sparse_file(dir.path(), "a.img", 64 << 20),
-        "braidA001",
-    );
-    let mut two = Tgt::start(&[b]);
-    two.target(
-        1,
-        TGT_IQN,
-        1,
-        &sparse_file(dir.path(), "b.img", 64 << 20),
-        "braidB002",
-    );
+    let mut one = tgt_lun(&[a], dir.path(), "a.img", 64 << 20, "braidA001");
+    let mut two = tgt_lun(&[b], dir.path(), "b.img", 64 << 20, "braidB002");
     let uri = format!("iscsi://{a}/{TGT_IQN}/1");
     let (pa, pb) = (a.to_string(), b.to_string());
     let e = fails(&[

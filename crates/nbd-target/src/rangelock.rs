@@ -27,6 +27,15 @@ fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
+impl State {
+    /// Whether a shared holder of `range` must wait: an exclusive holder
+    /// holds or waits for part of it.
+    fn shared_waits(&self, range: (u64, u64)) -> bool {
+        self.held.iter().any(|h| h.2 && overlaps((h.0, h.1), range))
+            || self.waiting.iter().any(|w| overlaps(*w, range))
+    }
+}
+
 fn hold_id(s: &mut State, range: (u64, u64), exclusive: bool) -> u64 {
     let id = s.next;
     s.next += 1;
@@ -97,9 +106,7 @@ impl RangeLock {
         let mut s = self.state();
         let mut counted = false;
         loop {
-            let busy = s.held.iter().any(|h| h.2 && overlaps((h.0, h.1), range))
-                || s.waiting.iter().any(|w| overlaps(*w, range));
-            if !busy {
+            if !s.shared_waits(range) {
                 if counted {
                     s.blocked -= 1;
                 }
@@ -120,9 +127,7 @@ impl RangeLock {
     pub fn try_shared(&self, offset: u64, len: u64) -> Option<u64> {
         let range = (offset, offset.saturating_add(len.max(1)));
         let mut s = self.state();
-        let busy = s.held.iter().any(|h| h.2 && overlaps((h.0, h.1), range))
-            || s.waiting.iter().any(|w| overlaps(*w, range));
-        if busy {
+        if s.shared_waits(range) {
             return None;
         }
         Some(hold_id(&mut s, range, false))

@@ -208,19 +208,29 @@ fn models(paths: &[PathView]) -> Vec<Model> {
     let usable = || paths.iter().filter(|p| p.usable);
     let typical_rate = mean_measured(usable().map(|p| p.throughput)).unwrap_or(NOMINAL_THROUGHPUT);
     let typical_latency = mean_measured(usable().map(|p| p.latency)).unwrap_or(0.0);
-    let rate_of = |p: &PathView| {
-        measured(p.throughput)
-            .unwrap_or(typical_rate)
-            .max(FLOOR_THROUGHPUT)
-    };
-    let one_rate = one_rate(usable().map(rate_of));
-    paths
+    let mut rates: Vec<f64> = paths
         .iter()
         .map(|p| {
-            let rate = match one_rate {
-                Some(r) if p.usable => r,
-                _ => rate_of(p),
-            };
+            measured(p.throughput)
+                .unwrap_or(typical_rate)
+                .max(FLOOR_THROUGHPUT)
+        })
+        .collect();
+    let usable_rates: Vec<f64> = (0..paths.len())
+        .filter(|&i| paths[i].usable)
+        .map(|i| rates[i])
+        .collect();
+    if let Some(one) = one_rate(&usable_rates) {
+        for (rate, p) in rates.iter_mut().zip(paths) {
+            if p.usable {
+                *rate = one;
+            }
+        }
+    }
+    paths
+        .iter()
+        .zip(rates)
+        .map(|(p, rate)| {
             let latency = measured(p.latency).unwrap_or(typical_latency);
             Model {
                 start: latency + p.inflight_bytes as f64 / rate,
@@ -232,11 +242,11 @@ fn models(paths: &[PathView]) -> Vec<Model> {
 
 /// The mean of `rates` when there are several and all are within
 /// [`SAME_RATE`] of each other.
-fn one_rate(rates: impl Iterator<Item = f64> + Clone) -> Option<f64> {
-    let n = rates.clone().count();
-    let fastest = rates.clone().fold(0.0, f64::max);
-    let slowest = rates.clone().fold(f64::INFINITY, f64::min);
-    (n >= 2 && fastest <= SAME_RATE * slowest).then(|| rates.sum::<f64>() / n as f64)
+fn one_rate(rates: &[f64]) -> Option<f64> {
+    let fastest = rates.iter().copied().fold(0.0, f64::max);
+    let slowest = rates.iter().copied().fold(f64::INFINITY, f64::min);
+    (rates.len() >= 2 && fastest <= SAME_RATE * slowest)
+        .then(|| rates.iter().sum::<f64>() / rates.len() as f64)
 }
 
 /// Every path in `active` has [`BUSY`] bytes queued, and their rates are

@@ -9,7 +9,7 @@ use braid_proto::{Command, Request};
 use tracing::warn;
 
 use super::writer::{Outgoing, Permits};
-use super::{execute, forwarded, started, Reader, Reply};
+use super::{execute, forwarded, Reader, Reply};
 use crate::export::Storage;
 use crate::registry::Conn;
 
@@ -77,13 +77,7 @@ impl Reader {
         }
         let (req, payload, permits) = match &self.export.storage {
             Storage::Local(backend) if self.blocking() && !conn.fenced() => {
-                let answer = started::Answer {
-                    conn: conn.clone(),
-                    export: self.export.clone(),
-                    style: self.style.clone(),
-                    tx: self.tx.clone(),
-                };
-                match started::start(backend, answer, req, payload, permits) {
+                match self.start(backend, req, payload, permits) {
                     Ok(()) => return,
                     Err(back) => back,
                 }

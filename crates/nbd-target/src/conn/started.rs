@@ -21,16 +21,17 @@ use tracing::warn;
 use super::dispatch::count;
 use super::execute::{self, ReplyStyle};
 use super::writer::{Outgoing, Permits};
+use super::Reader;
 use crate::backend::{Backend, Done};
 use crate::export::Export;
 use crate::registry::Conn;
 
 /// What a started request needs to answer from another thread.
-pub(super) struct Answer {
-    pub conn: Arc<Conn>,
-    pub export: Arc<Export>,
-    pub style: ReplyStyle,
-    pub tx: mpsc::UnboundedSender<Outgoing>,
+struct Answer {
+    conn: Arc<Conn>,
+    export: Arc<Export>,
+    style: ReplyStyle,
+    tx: mpsc::UnboundedSender<Outgoing>,
 }
 
 /// A range of the export's writers held until dropped (see
@@ -46,55 +47,66 @@ impl Drop for Held {
     }
 }
 
-/// Starts `req` if it is a READ or a WRITE the backend can start (where it
-/// declines after all, a blocking thread runs it), and `finish` answers
-/// it. Gives the request back otherwise, or when a COMPARE AND WRITE holds
-/// or waits for its range (the caller runs it the synchronous way, which
-/// waits). The caller has begun it on the connection; `finish` ends it.
-pub(super) fn start(
-    backend: &Arc<dyn Backend>,
-    a: Answer,
-    req: Request,
-    payload: Option<Buf>,
-    permits: Permits,
-) -> Result<(), (Request, Option<Buf>, Permits)> {
-    match (req.command, payload) {
-        (Command::Read, None) if req.length > 0 && backend.can_start_read() => {
-            let buf = Pool::global().get(req.length as usize);
-            let done = finish(a, req, permits, None);
-            if let Err((mut buf, done)) = backend.start_read(buf, req.offset, done) {
-                let b = backend.clone();
-                tokio::task::spawn_blocking(move || {
-                    let r = b.read_at(&mut buf, req.offset);
-                    done(buf, r);
-                });
+impl Reader {
+    /// Starts `req` if it is a READ or a WRITE the backend can start
+    /// (where it declines after all, a blocking thread runs it), and
+    /// `finish` answers it. Gives the request back otherwise, or when a
+    /// COMPARE AND WRITE holds or waits for its range (the caller runs it
+    /// the synchronous way, which waits). The caller has begun it on the
+    /// connection; `finish` ends it.
+    pub(super) fn start(
+        &self,
+        backend: &Arc<dyn Backend>,
+        req: Request,
+        payload: Option<Buf>,
+        permits: Permits,
+    ) -> Result<(), (Request, Option<Buf>, Permits)> {
+        match (req.command, payload) {
+            (Command::Read, None) if req.length > 0 && backend.can_start_read() => {
+                let buf = Pool::global().get(req.length as usize);
+                let done = finish(self.answer(), req, permits, None);
+                if let Err((mut buf, done)) = backend.start_read(buf, req.offset, done) {
+                    let b = backend.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let r = b.read_at(&mut buf, req.offset);
+                        done(buf, r);
+                    });
+                }
+                Ok(())
             }
-            Ok(())
-        }
-        (Command::Write, Some(data)) if backend.can_start_write(req.flags.fua()) => {
-            let Some(id) = a
-                .export
-                .writes
-                .try_shared(req.offset, u64::from(req.length))
-            else {
-                return Err((req, Some(data), permits));
-            };
-            let held = Held {
-                export: a.export.clone(),
-                id,
-            };
-            let fua = req.flags.fua();
-            let done = finish(a, req, permits, Some(held));
-            if let Err((data, done)) = backend.start_write(data, req.offset, fua, done) {
-                let b = backend.clone();
-                tokio::task::spawn_blocking(move || {
-                    let r = b.write_at(&data, req.offset, fua);
-                    done(data, r);
-                });
+            (Command::Write, Some(data)) if backend.can_start_write(req.flags.fua()) => {
+                let writes = &self.export.writes;
+                let Some(id) = writes.try_shared(req.offset, u64::from(req.length)) else {
+                    return Err((req, Some(data), permits));
+                };
+                let held = Held {
+                    export: self.export.clone(),
+                    id,
+                };
+                let fua = req.flags.fua();
+                let done = finish(self.answer(), req, permits, Some(held));
+                if let Err((data, done)) = backend.start_write(data, req.offset, fua, done) {
+                    let b = backend.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let r = b.write_at(&data, req.offset, fua);
+                        done(data, r);
+                    });
+                }
+                Ok(())
             }
-            Ok(())
+            (_, payload) => Err((req, payload, permits)),
         }
-        (_, payload) => Err((req, payload, permits)),
+    }
+
+    /// Built only for a request that starts: the file backends' requests
+    /// pay for none of these copies.
+    fn answer(&self) -> Answer {
+        Answer {
+            conn: self.conn.clone(),
+            export: self.export.clone(),
+            style: self.style.clone(),
+            tx: self.tx.clone(),
+        }
     }
 }
 

@@ -93,21 +93,13 @@ fn adaptive_plan_splits_equal_paths_evenly() {
 fn adaptive_plan_splits_paths_measured_a_few_percent_apart_evenly() {
     // Two links of one kind, measured 8% apart: at queue depth 1 an
     // uneven split leaves the request waiting for its larger piece.
-    let idle = |rate| PathView {
-        throughput: rate,
-        ..gbit()
-    };
-    let plan = plan_of(1 << 20, &[idle(108e6), idle(117e6)]);
+    let plan = plan_of(1 << 20, &[queued(0, 108e6), queued(0, 117e6)]);
     assert_eq!(bytes_per_path(&plan, 2), [512 << 10, 512 << 10]);
 }
 
 #[test]
 fn adaptive_plan_follows_rates_more_than_a_tenth_apart() {
-    let idle = |rate| PathView {
-        throughput: rate,
-        ..gbit()
-    };
-    let bytes = bytes_per_path(&plan_of(1 << 20, &[idle(100e6), idle(125e6)]), 2);
+    let bytes = bytes_per_path(&plan_of(1 << 20, &[queued(0, 100e6), queued(0, 125e6)]), 2);
     // 4 to 5, to the 4 KiB block.
     assert!(bytes[0] < bytes[1], "{bytes:?}");
     let share = bytes[0] as f64 / (1 << 20) as f64;
