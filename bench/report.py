@@ -133,10 +133,13 @@ def summary(res):
     """One line per scenario: ratios to the limit, read / write."""
     out = ["## Summary", "",
            "Ratios to the iperf3 all-paths limit, read / write; sequential runs are 1 MiB "
-           "(nbdcopy: its defaults); randread is 4 KiB QD32 IOPS as a multiple of fio over one path.", "",
-           "| scenario | limit MB/s | nbdcopy 1 path | MPTCP nbdcopy | adaptive QD1 | adaptive QD16 "
+           "(nbdcopy: its defaults); randread is 4 KiB QD32 IOPS as a multiple of fio over one path. "
+           "*Bare QD1* is `bench/qd1floor.c`: two bare programs moving 1 MiB at a time over all paths, "
+           "split by the paths' iperf3 rates (a write as 64 KiB requests, as braid sends one), with "
+           "nothing but TCP in the way: what queue depth 1 reaches on these links and CPUs.", "",
+           "| scenario | limit MB/s | nbdcopy 1 path | MPTCP nbdcopy | adaptive QD1 | bare QD1 | adaptive QD16 "
            "| round-robin QD16 | best policy QD16 (read) | randread: adaptive / round-robin / MPTCP |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for sc in res["scenarios"]:
         def rw(tool, r, w):
             a, b = ratio(sc, find(sc, tool, r)), ratio(sc, find(sc, tool, w))
@@ -161,13 +164,15 @@ def summary(res):
             + (f"{rw('MPTCP nbdkit + nbdcopy, all paths', 'seq read (nbdcopy)', 'seq write (nbdcopy)')} | "
                if multi else "- | ")
             + f"{rw('braid adaptive', 'seq read 1M QD1', 'seq write 1M QD1')} | "
-            f"{rw('braid adaptive', 'seq read 1M QD16', 'seq write 1M QD16')} | "
+            + (f"{rw(FLOOR, 'seq read 1M QD1', 'seq write 1M QD1')} | " if multi else "- | ")
+            + f"{rw('braid adaptive', 'seq read 1M QD16', 'seq write 1M QD16')} | "
             f"{rw('braid round-robin', 'seq read 1M QD16', 'seq write 1M QD16')} | {best_cell} | "
             f"{x('braid adaptive')} / {x('braid round-robin')} / {x('MPTCP nbdkit + fio, all paths')} |")
     return out + [""]
 
 
 ISCSI = "braid adaptive over tgt (iSCSI)"
+FLOOR = "bare program (bench/qd1floor.c), all paths"
 ISCSI_PEER_READ = "libiscsi iscsi-perf over tgt, path 1"
 ISCSI_PEER_WRITE = "libiscsi write (bench/iscsi-write.c) over tgt, path 1"
 
@@ -272,6 +277,10 @@ def headline(sc):
                    f"| {fmt(per_w[0] if per_w else None)} | "
                    f"{fmt(per_w[0] / lw if per_w and per_w[0] and lw else None, 2)} | | |")
     fio1 = fio_one_path(sc)
+    if find(sc, FLOOR, "seq read 1M QD1"):
+        r, w = find(sc, FLOOR, "seq read 1M QD1"), find(sc, FLOOR, "seq write 1M QD1")
+        out.append(f"| bare program, all paths, 1 MiB QD1 | {cell(r, 'mb_s')} | {fmt(ratio(sc, r), 2)} | "
+                   f"{cell(w, 'mb_s')} | {fmt(ratio(sc, w), 2)} | | |")
 
     def line(label, rrow, wrow, iops_row, with_iops=True):
         iops = iops_row.get("iops") if iops_row and not iops_row.get("error") else None
@@ -308,11 +317,14 @@ def targets(sc):
         for d in ("read", "write"):
             r = find(sc, "braid adaptive", f"seq {d} 1M QD{qd}")
             x = ratio(sc, r)
+            bare = ratio(sc, find(sc, FLOOR, f"seq {d} 1M QD{qd}"))
+            beside = f" (a bare program: {bare:.2f})" if bare is not None else ""
             if x is None:
                 lines.append(f"- adaptive seq {d} QD{qd} >= {TARGET_RATIO} of the limit: **not measured**")
             else:
                 verdict = "met" if x >= TARGET_RATIO else f"**missed by {TARGET_RATIO - x:.2f}**"
-                lines.append(f"- adaptive seq {d} QD{qd} >= {TARGET_RATIO} of the limit: {x:.2f}, {verdict}")
+                lines.append(f"- adaptive seq {d} QD{qd} >= {TARGET_RATIO} of the limit: {x:.2f}, "
+                             f"{verdict}{beside}")
     if len(sc.get("paths") or []) > 1:
         for d in ("read", "write"):
             a = find(sc, "braid adaptive", f"seq {d} 1M QD16")
