@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fullio.h"
+
 #define HEADER 16
 #define WRITE_PIECE (64 * 1024)
 #define MAX_PATHS 16
@@ -43,32 +45,6 @@ enum { OP_READ = 0, OP_WRITE = 1 };
 static void die(const char *what) {
 	perror(what);
 	exit(1);
-}
-
-static int take(int fd, char *buf, size_t n) {
-	for (size_t got = 0; got < n;) {
-		ssize_t r = read(fd, buf + got, n - got);
-		if (r <= 0)
-			return 0;
-		got += (size_t)r;
-	}
-	return 1;
-}
-
-static int give(int fd, const char *buf, size_t n) {
-	for (size_t sent = 0; sent < n;) {
-		ssize_t w = write(fd, buf + sent, n - sent);
-		if (w <= 0)
-			return 0;
-		sent += (size_t)w;
-	}
-	return 1;
-}
-
-static double now(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 /* "ADDR:PORT" into a socket address; 0 if it is not one. */

@@ -20,39 +20,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fullio.h"
+
 #define HEADER 48
 #define DATA 4096
 
 static char buf[HEADER + DATA];
-
-/* Reads exactly n bytes; 0 at end of stream. */
-static int take(int fd, size_t n) {
-	size_t got = 0;
-	while (got < n) {
-		ssize_t r = read(fd, buf + got, n - got);
-		if (r <= 0)
-			return 0;
-		got += (size_t)r;
-	}
-	return 1;
-}
-
-static int give(int fd, size_t n) {
-	size_t sent = 0;
-	while (sent < n) {
-		ssize_t w = write(fd, buf + sent, n - sent);
-		if (w <= 0)
-			return 0;
-		sent += (size_t)w;
-	}
-	return 1;
-}
-
-static double now(void) {
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 /* One run: the client sends `ask` bytes and waits for `answer` bytes, for
  * `seconds`; returns round trips per second. */
@@ -71,7 +44,7 @@ static double run(int seconds, size_t ask, size_t answer) {
 	if (server == 0) {
 		int c = accept(l, NULL, NULL);
 		setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-		while (take(c, ask) && give(c, answer))
+		while (take(c, buf, ask) && give(c, buf, answer))
 			;
 		_exit(0);
 	}
@@ -87,7 +60,7 @@ static double run(int seconds, size_t ask, size_t answer) {
 	double start = now(), end = start + seconds, t = start;
 	long n = 0;
 	while (t < end) {
-		if (!give(s, ask) || !take(s, answer)) {
+		if (!give(s, buf, ask) || !take(s, buf, answer)) {
 			fprintf(stderr, "roundtrip: the server went away\n");
 			exit(1);
 		}
