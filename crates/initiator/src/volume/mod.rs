@@ -9,6 +9,7 @@
 mod admin;
 mod alua;
 mod core;
+mod keys;
 mod link;
 mod open;
 mod open_iscsi;

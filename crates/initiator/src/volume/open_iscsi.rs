@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use super::admin::{path_configs, with_rules};
 use super::alua::{access, heard, watch};
 use super::core::{finish, place, ConnSink, Shared};
+use super::keys::Keys;
 use super::link::Link;
 use super::open::{engine_config, policy, split_rules, start, Plan};
 use super::{replay, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
@@ -55,7 +56,7 @@ pub(crate) struct Expect {
     /// The keys this volume's sessions registered and have not withdrawn
     /// or preempted: a path that failed without writes to fence leaves
     /// its key behind, and closing the volume preempts those.
-    pub keys: Mutex<HashSet<u64>>,
+    pub keys: Keys,
 }
 
 /// What braid asks of a target at login.
@@ -230,7 +231,7 @@ pub(super) async fn open(
             watching: Mutex::new(HashSet::new()),
             tags: Mutex::new(vec![None; specs.len()]),
             reservations: cfg.persistent_reservations,
-            keys: Mutex::new(HashSet::new()),
+            keys: Keys::default(),
         })),
     };
     let plan = Plan {
@@ -353,13 +354,35 @@ pub(super) async fn dial(
     if x.reservations {
         // Registered before it carries a write, so that a fence can
         // preempt it.
-        if let Err(e) = iscsi::reserve::join(&o.conn, timeout).await {
+        let key = iscsi::reserve::key(o.conn.logged_in.isid);
+        if !x.keys.admit(key) {
+            o.conn.logout(Duration::from_secs(1)).await;
+            return Err(closed_while_dialing(spec));
+        }
+        let joined = iscsi::reserve::join(&o.conn, timeout).await;
+        if x.keys.closed() {
+            // The volume withdrew its keys while this one was being
+            // registered: it may have landed after the sweep.
+            if iscsi::reserve::leave(&o.conn, timeout).await.is_ok() {
+                x.keys.forget([key]);
+            }
+            o.conn.logout(Duration::from_secs(1)).await;
+            return Err(closed_while_dialing(spec));
+        }
+        if let Err(e) = joined {
+            // The key stays recorded: the target may have registered it.
             o.conn.logout(Duration::from_secs(1)).await;
             return Err(ConnectError::Other(format!("{}: {e}", spec.portal)));
         }
-        lock(&x.keys).insert(iscsi::reserve::key(o.conn.logged_in.isid));
     }
     Ok(o)
+}
+
+fn closed_while_dialing(spec: &PathSpec) -> ConnectError {
+    ConnectError::Other(format!(
+        "{}: the volume closed while the path was connecting",
+        spec.portal
+    ))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -368,10 +391,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Keys of sessions a fence preempted are no longer the volume's.
 pub(super) fn fenced(x: &Expect, conns: &[ConnId]) {
-    let mut keys = lock(&x.keys);
-    for c in conns {
-        keys.remove(&iscsi::reserve::key(isid_of(*c)));
-    }
+    x.keys
+        .forget(conns.iter().map(|c| iscsi::reserve::key(isid_of(*c))));
 }
 
 /// As the volume closes: the first live session preempts the keys left
@@ -384,11 +405,8 @@ pub(super) async fn leave_all(x: &Expect, conns: Vec<Arc<iscsi::Conn>>) {
         .iter()
         .map(|c| iscsi::reserve::key(c.logged_in.isid))
         .collect();
-    let stale: Vec<u64> = lock(&x.keys)
-        .iter()
-        .filter(|k| !live.contains(k))
-        .copied()
-        .collect();
+    let mut stale = x.keys.close();
+    stale.retain(|k| !live.contains(k));
     if let Some(first) = conns.first() {
         if let Err(e) = iscsi::reserve::preempt(first, &stale, t).await {
             warn!("preempting the keys of failed sessions failed: {e}");
@@ -402,7 +420,7 @@ pub(super) async fn leave_all(x: &Expect, conns: Vec<Arc<iscsi::Conn>>) {
     for c in &conns {
         match iscsi::reserve::leave(c, t).await {
             Ok(()) => {
-                lock(&x.keys).remove(&iscsi::reserve::key(c.logged_in.isid));
+                x.keys.forget([iscsi::reserve::key(c.logged_in.isid)]);
             }
             Err(e) => warn!("withdrawing a path's reservation key failed: {e}"),
         }
