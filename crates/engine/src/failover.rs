@@ -35,6 +35,7 @@ impl Engine {
             .collect();
         p.fencing = fencing;
         p.attempts = 0;
+        p.lateness = Default::default();
         p.since = now;
         p.last_progress = now;
         p.last_activity = now;
@@ -362,7 +363,7 @@ impl Engine {
             r.error
                 .get_or_insert(IoError::NoPath(now.saturating_sub(p.since)));
         }
-        self.piece_done(now, p.req);
+        self.piece_done(now, p.req, None);
     }
 }
 

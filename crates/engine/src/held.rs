@@ -20,15 +20,8 @@ impl Engine {
         s: Submit,
         write_seq: Option<u64>,
     ) {
-        self.reqs.insert(
-            id.0,
-            UserReq {
-                op: s.op,
-                pending: 0,
-                error: None,
-                write_seq,
-            },
-        );
+        self.reqs
+            .insert(id.0, UserReq::new(s.op, 0, write_seq, now));
         self.refresh_views(now);
         if !self.held.is_empty() || self.policy.hold(&self.views) {
             self.held.push_back((id, s, now));
@@ -91,6 +84,8 @@ impl Engine {
         }
         if let Some(r) = self.reqs.get_mut(&id.0) {
             r.pending = placed.len() as u32;
+            r.placed = now;
+            r.split = bytes_per_path(&placed);
         }
         for (p, path) in placed {
             match path {
@@ -101,4 +96,23 @@ impl Engine {
             }
         }
     }
+}
+
+/// Bytes per path of pieces the plan placed; empty unless all were
+/// placed and on more than one path.
+fn bytes_per_path(placed: &[(Piece, Option<usize>)]) -> Vec<(usize, u64)> {
+    let mut per: Vec<(usize, u64)> = Vec::new();
+    for (p, path) in placed {
+        let Some(path) = *path else {
+            return Vec::new();
+        };
+        match per.iter_mut().find(|(q, _)| *q == path) {
+            Some((_, b)) => *b += u64::from(p.len),
+            None => per.push((path, u64::from(p.len))),
+        }
+    }
+    if per.len() < 2 {
+        per.clear();
+    }
+    per
 }

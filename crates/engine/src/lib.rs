@@ -30,10 +30,12 @@ mod api;
 mod counters;
 mod failover;
 mod held;
+pub mod lateness;
 mod liveness;
 #[cfg(test)]
 mod no_path_tests;
 pub mod path;
+mod report;
 #[cfg(test)]
 mod sim;
 pub mod stats;
@@ -151,6 +153,25 @@ struct UserReq {
     error: Option<IoError>,
     /// For writes: position in submission order, for the flush rule.
     write_seq: Option<u64>,
+    /// Bytes per path when the plan split the request over several paths
+    /// (empty otherwise, and once a piece is sent again elsewhere), and
+    /// when it was placed: which path it waits for teaches each path's
+    /// [`lateness`].
+    split: Vec<(usize, u64)>,
+    placed: Duration,
+}
+
+impl UserReq {
+    fn new(op: Op, pending: u32, write_seq: Option<u64>, now: Duration) -> Self {
+        Self {
+            op,
+            pending,
+            error: None,
+            write_seq,
+            split: Vec::new(),
+            placed: now,
+        }
+    }
 }
 
 /// The multipath engine of one volume.
@@ -254,15 +275,8 @@ impl Engine {
             Op::Flush => {
                 let covers = self.next_write_seq - 1;
                 let p = piece(0, 0);
-                self.reqs.insert(
-                    id.0,
-                    UserReq {
-                        op: s.op,
-                        pending: 1,
-                        error: None,
-                        write_seq,
-                    },
-                );
+                self.reqs
+                    .insert(id.0, UserReq::new(s.op, 1, write_seq, now));
                 if self.open_writes.range(..=covers).next().is_some() {
                     self.held_flushes.push((p, covers));
                 } else {
@@ -282,12 +296,7 @@ impl Engine {
         }
         self.reqs.insert(
             id.0,
-            UserReq {
-                op: s.op,
-                pending: placed.len() as u32,
-                error: None,
-                write_seq,
-            },
+            UserReq::new(s.op, placed.len() as u32, write_seq, now),
         );
         for (p, path) in placed {
             match path {
@@ -353,10 +362,11 @@ impl Engine {
                 }
             }
         }
-        self.piece_done(now, piece.req);
+        self.piece_done(now, piece.req, Some(chunk.path));
     }
 
-    fn piece_done(&mut self, now: Duration, req: ReqId) {
+    /// One of `req`'s pieces ended, on path `on` if it was answered.
+    fn piece_done(&mut self, now: Duration, req: ReqId, on: Option<usize>) {
         let Some(r) = self.reqs.get_mut(&req.0) else {
             return;
         };
@@ -365,6 +375,9 @@ impl Engine {
             return;
         }
         let r = self.reqs.remove(&req.0).expect("present above");
+        if let (Some(last), None, true) = (on, &r.error, r.split.len() > 1) {
+            self.learn_lateness(&r.split, last, now.saturating_sub(r.placed));
+        }
         if let Some(seq) = r.write_seq {
             self.open_writes.remove(&seq);
             self.release_flushes(now);
@@ -444,6 +457,9 @@ impl Engine {
     /// Places a piece on the best usable path, or queues it. Returns the
     /// path it went to.
     fn dispatch(&mut self, now: Duration, piece: Piece) -> Option<usize> {
+        if let Some(r) = self.reqs.get_mut(&piece.req.0) {
+            r.split.clear(); // sent again: which path it waits for says little
+        }
         self.refresh_views(now);
         let req = PolicyRequest {
             len: if piece.op.moves_data() {
@@ -537,63 +553,5 @@ impl Engine {
                 v.throughput = 0.0;
             }
         }
-    }
-
-    /// A snapshot of one path for reports.
-    pub fn path_report(&self, path: PathId, now: Duration) -> PathReport {
-        let p = &self.paths[path.0];
-        PathReport {
-            state: p.reported_state(),
-            connections: p.conns.iter().filter(|c| c.up).count(),
-            counters: p.counters.clone(),
-            inflight_requests: p.inflight_requests(),
-            inflight_bytes: p.inflight_bytes(),
-            throughput: p.throughput.or_zero(),
-            base_latency: Duration::from_secs_f64(p.latency.or_zero()),
-            latency: p.latency_hist.clone(),
-            latency_10s: p.recent_latency.over(now, Duration::from_secs(10)),
-            latency_1m: p.recent_latency.over(now, Duration::from_secs(60)),
-            idle: now.saturating_sub(p.last_activity),
-            fencing: p.fencing,
-            access: p.access,
-            config: p.config.clone(),
-        }
-    }
-
-    /// Whether `fence` is still wanted: it has not been confirmed. It
-    /// stays wanted even when the writes it held have timed out, since
-    /// until it is confirmed a stale copy of them may still land.
-    pub fn fence_pending(&self, fence: FenceId) -> bool {
-        self.fences.contains_key(&fence)
-    }
-
-    /// Whether new chunks may go to `path` now.
-    pub fn path_usable(&self, path: PathId) -> bool {
-        self.paths.get(path.0).is_some_and(Path::usable)
-    }
-
-    /// The volume's own counters.
-    pub fn volume_counters(&self) -> &VolumeCounters {
-        &self.counters
-    }
-
-    pub fn path_count(&self) -> usize {
-        self.paths.len()
-    }
-
-    pub fn path_state(&self, path: PathId) -> PathState {
-        self.paths[path.0].reported_state()
-    }
-
-    /// What the reader of a connection needs to place a reply's data.
-    pub fn chunk(&self, cookie: Cookie) -> Option<ChunkInfo> {
-        self.chunks.get(&cookie.0).map(|c| ChunkInfo {
-            path: PathId(c.path),
-            op: c.op,
-            len: c.piece.as_ref().map_or(c.bytes as u32, |p| p.len),
-            offset: c.piece.as_ref().map_or(0, |p| p.offset),
-            req: c.piece.as_ref().map(|p| p.req),
-            req_offset: c.piece.as_ref().map_or(0, |p| p.req_offset),
-        })
     }
 }

@@ -95,6 +95,9 @@ pub(crate) struct Path {
     pub service_time: Ewma,
     /// Base round trip: service time less the transfer time.
     pub latency: MinFilter,
+    /// How much later than predicted the path's pieces of split requests
+    /// tend to finish (see `lateness.rs`).
+    pub lateness: crate::lateness::Lateness,
     /// Last time a reply arrived, or the path went from idle to busy.
     pub last_progress: Duration,
     /// Last time anything completed or was sent.
@@ -159,6 +162,7 @@ impl Path {
             throughput: RateFilter::default(),
             service_time: Ewma::default(),
             latency: MinFilter::default(),
+            lateness: Default::default(),
             last_progress: now,
             last_activity: now,
             since: now,
@@ -230,6 +234,7 @@ impl Path {
             throughput: self.throughput.or_zero(),
             service_time: self.service_time.or_zero(),
             latency: self.latency.or_zero(),
+            lateness: self.lateness.get(),
             idle: now.saturating_sub(self.last_activity).as_secs_f64(),
         }
     }

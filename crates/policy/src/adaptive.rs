@@ -3,7 +3,11 @@
 //!
 //! A path is modelled as a pipe that first drains what it already has in
 //! flight and then moves new bytes at its throughput: x more bytes on path
-//! i finish at latencyᵢ + (inflight_bytesᵢ + x) / throughputᵢ. `choose`
+//! i finish at latencyᵢ + latenessᵢ + (inflight_bytesᵢ + x) / throughputᵢ,
+//! where lateness is what the engine learned of which path split requests
+//! wait for: it puts each path last about as often as its share of the
+//! bytes, which is what makes the expected completion of a split request
+//! smallest when finishes vary (`PathView::lateness`). `choose`
 //! minimises that for one chunk; `plan` splits a large request so that all
 //! the paths it uses finish together (see [`share`]). The figures are the
 //! engine's measurements; this module never measures anything itself.
@@ -233,7 +237,7 @@ fn models(paths: &[PathView]) -> Vec<Model> {
         .map(|(p, rate)| {
             let latency = measured(p.latency).unwrap_or(typical_latency);
             Model {
-                start: latency + p.inflight_bytes as f64 / rate,
+                start: latency + p.lateness + p.inflight_bytes as f64 / rate,
                 rate,
             }
         })

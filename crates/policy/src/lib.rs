@@ -178,6 +178,11 @@ pub struct PathView {
     /// Base latency in seconds: the round trip a small request sees on an
     /// idle path; 0 when unmeasured.
     pub latency: f64,
+    /// Seconds to add to this path's predicted finish: how much later its
+    /// pieces of split requests tend to finish than its rate and latency
+    /// predict, relative to the other paths of those requests (negative:
+    /// earlier). 0 when unmeasured.
+    pub lateness: f64,
     /// Seconds since this path last completed a request (or since it came
     /// up, if it never has).
     pub idle: f64,
@@ -197,6 +202,7 @@ impl Default for PathView {
             throughput: 0.0,
             service_time: 0.0,
             latency: 0.0,
+            lateness: 0.0,
             idle: 0.0,
         }
     }

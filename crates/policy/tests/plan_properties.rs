@@ -22,13 +22,14 @@ fn path() -> impl Strategy<Value = PathView> {
             figure(1e-5..1.0),
             figure(1e-5..0.1),
             0.0..5.0f64,
+            prop_oneof![1 => Just(0.0), 1 => -0.01..0.01f64],
         ),
     )
         .prop_map(
             |(
                 (usable, standby, priority, weight, relative_throughput),
                 (inflight_requests, inflight_bytes),
-                (throughput, service_time, latency, idle),
+                (throughput, service_time, latency, idle, lateness),
             )| PathView {
                 usable,
                 standby,
@@ -41,6 +42,7 @@ fn path() -> impl Strategy<Value = PathView> {
                 throughput,
                 service_time,
                 latency,
+                lateness,
                 idle,
             },
         )

@@ -309,3 +309,26 @@ fn adaptive_sends_a_path_being_measured_nothing_more() {
     let paths = [gbit(), unmeasured(PROBE - 4096)];
     assert!(bytes_per_path(&plan_of(1 << 20, &paths), 2)[1] > 0);
 }
+
+#[test]
+fn a_path_found_late_gets_less_of_a_split_request() {
+    // 1gbit + 100mbit: about 95 KiB of 1 MiB would finish with the fast
+    // path's rest. Found 0.5 ms late (and the fast path as much early,
+    // since offsets balance), the slow path is given 0.5 ms less of its
+    // link and the fast one that much more of its own.
+    let even = bytes_per_path(&plan_of(1 << 20, &[gbit(), mbit100()]), 2);
+    let late = [
+        PathView {
+            lateness: -0.000_5,
+            ..gbit()
+        },
+        PathView {
+            lateness: 0.000_5,
+            ..mbit100()
+        },
+    ];
+    let skewed = bytes_per_path(&plan_of(1 << 20, &late), 2);
+    assert!(skewed[1] < even[1], "{skewed:?} against {even:?}");
+    assert_eq!(skewed[0] + skewed[1], 1 << 20);
+    assert!(skewed[1] >= MIN_SPLIT, "still split: {skewed:?}");
+}
