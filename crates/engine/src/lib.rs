@@ -29,6 +29,8 @@ mod access_tests;
 mod api;
 mod counters;
 mod failover;
+#[cfg(test)]
+mod fence_tests;
 mod held;
 pub mod lateness;
 mod liveness;
