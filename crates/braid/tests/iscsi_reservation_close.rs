@@ -11,10 +11,10 @@ mod iscsikit;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use braid_initiator::{Volume, VolumeConfig};
-use common::{free_port, Serve};
+use common::{free_port, wait_until, Serve};
 use iscsikit::Initiator;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -128,18 +128,6 @@ async fn relay(
         () = work => {}
         _ = epoch.wait_for(|e| *e > born) => {}
     }
-}
-
-/// Polls `done` every 20 ms for up to `limit`.
-fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 #[test]

@@ -272,14 +272,7 @@ fn closed_by_target(s: &mut std::net::TcpStream) -> bool {
 
 /// Waits up to 10 s for `text` in the server's log.
 fn logged(serve: &Serve, text: &str) -> bool {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !serve.log().contains(text) {
-        if std::time::Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
+    common::wait_until(Duration::from_secs(10), || serve.log().contains(text))
 }
 
 #[test]

@@ -526,3 +526,15 @@ pub fn free_port() -> u16 {
         .expect("its address")
         .port()
 }
+
+/// Polls `done` every 20 ms for up to `limit`; whether it came true.
+pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
