@@ -73,6 +73,10 @@ pub enum Command {
     Policy(PolicyArgs),
     /// Take a path of an attached volume out of use, or back (maintenance)
     Path(PathArgs),
+    /// Clear an attached volume's loss of acknowledged writes, so that FLUSH
+    /// and FUA writes succeed again
+    #[command(after_long_help = CLEAR_LOSS_HELP)]
+    ClearLoss(ClearLossArgs),
     /// Set the ALUA state of a serve's iSCSI portal (drain it before maintenance)
     #[command(after_long_help = ALUA_EXAMPLES)]
     Alua(AluaArgs),
@@ -254,6 +258,31 @@ mod tests {
     }
 }
 
+const CLEAR_LOSS_HELP: &str = "\
+A volume is lost when its target restarted and braid could not give it back
+every write it had acknowledged since the last FLUSH: more had been written
+than --replay-window holds, or the replay failed. From then on every FLUSH
+and FUA write of the volume fails with EIO, on every client, so that no file
+system or database is told its data is safe when some of it may be gone.
+`braid status` shows when the loss began and why.
+
+Clear it only once what may have been lost is dealt with: the file system
+checked (fsck) or the database recovered, or the data restored. Clearing
+makes FLUSH succeed again; it gives nothing back. Detaching the volume
+clears it too.
+
+Example:
+  braid clear-loss vol";
+
+#[derive(Args, Debug)]
+pub struct ClearLossArgs {
+    /// The attached volume's name
+    pub volume: String,
+    /// The attach's control socket [default: found in /run/braid/ctl]
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
 #[derive(Args, Debug)]
 pub struct PolicyArgs {
     /// The attached volume's name
@@ -384,9 +413,12 @@ pub struct MultipathArgs {
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub connections_per_path: usize,
 
-    /// Writes acknowledged since the last FLUSH kept to give a restarted
-    /// target again (one that may have lost them); past it, a restart makes
-    /// the next FLUSH fail with EIO instead
+    /// Memory for the writes acknowledged since the last FLUSH, kept to
+    /// give a restarted target again (one that may have lost them). A
+    /// restart when more than this was acknowledged cannot be made whole:
+    /// every FLUSH and FUA write then fails with EIO until `braid
+    /// clear-loss`. Larger costs memory (counted by the buffers held, up to
+    /// twice the data); smaller loses sooner on a long run without FLUSH
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]
     pub replay_window: String,
 
@@ -415,6 +447,19 @@ pub struct MultipathArgs {
     /// Longest no-reply time a busy path is allowed
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub timeout_ceiling: f64,
+
+    /// How long a busy path whose connection still answers (the target's
+    /// host acknowledges bytes) waits for a reply at least before it is
+    /// failed: slow is not dead. Patience is four times the slowest reply
+    /// the path has given, within --slow-reply-min and --slow-reply-max
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    pub slow_reply_min: f64,
+
+    /// The most a slow but live path is waited for. A FLUSH over a large
+    /// dirty page cache on a slow disk can take minutes: raise it for such
+    /// targets; lower it to fail over sooner from a target that hangs
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    pub slow_reply_max: f64,
 
     /// iSCSI: CHAP credentials from FILE instead of the URI (TOML: user,
     /// secret, and for mutual CHAP target_user and target_secret; the

@@ -102,6 +102,9 @@ pub struct AttachVolume {
     pub no_path_timeout: Option<toml::Value>,
     pub timeout_floor: Option<f64>,
     pub timeout_ceiling: Option<f64>,
+    /// As --slow-reply-min and --slow-reply-max (seconds).
+    pub slow_reply_min: Option<f64>,
+    pub slow_reply_max: Option<f64>,
     pub tls_ca: Option<PathBuf>,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -172,6 +175,8 @@ impl AttachVolume {
             no_path_timeout,
             timeout_floor: self.timeout_floor.unwrap_or(0.5),
             timeout_ceiling: self.timeout_ceiling.unwrap_or(10.0),
+            slow_reply_min: self.slow_reply_min.unwrap_or(30.0),
+            slow_reply_max: self.slow_reply_max.unwrap_or(120.0),
             chap_secret_file: self.chap_secret_file.clone(),
             initiator_name: self.initiator_name.clone(),
             persistent_reservations: self.persistent_reservations.unwrap_or(false),

@@ -35,6 +35,11 @@ pub enum Request {
         portal: String,
         state: String,
     },
+    /// Clears an attached volume's loss of acknowledged writes, so that
+    /// FLUSH and FUA writes succeed again.
+    ClearLoss {
+        volume: String,
+    },
 }
 
 /// The answer to `policy` and `path`.
@@ -47,6 +52,9 @@ pub struct Ack {
     /// A path's knobs after `set`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<String>,
+    /// What `clear-loss` cleared (none: there was no loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared: Option<LossStatus>,
 }
 
 impl Ack {
@@ -61,7 +69,7 @@ impl Ack {
         Self {
             ok: false,
             error: Some(error.into()),
-            config: None,
+            ..Self::default()
         }
     }
 }
@@ -125,14 +133,37 @@ pub struct VolumeStatus {
     pub policy: String,
     /// The target fences failed paths' connections.
     pub fencing: bool,
-    /// The target says which process answers, so a restart is seen and
-    /// the writes it may have lost are given back.
+    /// The target says which process answers (or tells new sessions of a
+    /// power on), so a restart is seen and the writes it may have lost are
+    /// given back.
     pub replay: bool,
     /// Bytes acknowledged since the last FLUSH, kept for replay.
     pub replay_window_bytes: u64,
+    /// Memory the window holds, and its bound (`--replay-window`).
+    pub replay_window_pinned: u64,
+    pub replay_window_limit: u64,
+    /// More was acknowledged since the last FLUSH than the window holds: a
+    /// restart now would be a loss.
+    pub replay_overflowed: bool,
     /// Times a restarted target was given the window again.
     pub replays: u64,
+    /// A replay is under way (new requests wait for it).
+    pub replaying: bool,
+    /// Acknowledged writes may have been lost: every FLUSH and FUA write
+    /// fails until `braid clear-loss`.
+    pub lost: Option<LossStatus>,
+    /// FLUSHes and FUA writes failed because of a loss.
+    pub lost_flushes: u64,
     pub paths: Vec<PathStatus>,
+}
+
+/// A loss of acknowledged writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossStatus {
+    /// When it was found, seconds since the Unix epoch.
+    pub since_unix: f64,
+    pub cause: String,
 }
 
 /// One path of a volume: rates over the last second, latency of the

@@ -51,6 +51,7 @@ fn main() -> ExitCode {
         cli::Command::Status(args) => status::status(args),
         cli::Command::Policy(args) => status::policy(args),
         cli::Command::Path(args) => status::path(args),
+        cli::Command::ClearLoss(args) => status::clear_loss(args),
         cli::Command::Alua(args) => status::alua(args),
         cli::Command::Tls(cli::TlsCommand::Init(args)) => tls::init(args),
         cli::Command::Doctor(args) => doctor::run(args),

@@ -92,6 +92,11 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
     if cfg.timeout_ceiling < cfg.timeout_floor {
         return Err(usage("--timeout-ceiling is below --timeout-floor"));
     }
+    cfg.slow_reply_min = secs(args.slow_reply_min, "--slow-reply-min")?;
+    cfg.slow_reply_max = secs(args.slow_reply_max, "--slow-reply-max")?;
+    if cfg.slow_reply_max < cfg.slow_reply_min {
+        return Err(usage("--slow-reply-max is below --slow-reply-min"));
+    }
     Ok(cfg)
 }
 

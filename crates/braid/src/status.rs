@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use braid_target::source::format_size;
 
-use crate::cli::{AluaArgs, PathArgs, PolicyArgs, StatusArgs, UsageError};
+use crate::cli::{AluaArgs, ClearLossArgs, PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;
 use crate::ctl::{Ack, Processes, Request, Status, VolumeStatus};
 use crate::out::{self, out, outln};
@@ -151,6 +151,25 @@ fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
              but never flushed can be lost with it)"
         },
     ));
+    if let Some(l) = &vol.lost {
+        out.push_str(&format!(
+            "  LOST since {}: {}\n  every FLUSH and FUA write fails with EIO ({} so far) until \
+             `braid clear-loss {}`\n",
+            wall_time(l.since_unix),
+            l.cause,
+            vol.lost_flushes,
+            vol.name
+        ));
+    } else if vol.replaying {
+        out.push_str("  replaying to the restarted target: new requests wait\n");
+    } else if vol.replay_overflowed {
+        out.push_str(&format!(
+            "  replay window full ({} of {}): a restart now would lose writes; FLUSH to \
+             empty it\n",
+            format_size(vol.replay_window_pinned),
+            format_size(vol.replay_window_limit)
+        ));
+    }
     for (i, p) in vol.paths.iter().enumerate() {
         let last = i + 1 == vol.paths.len();
         let (branch, cont) = if last {
@@ -255,6 +274,58 @@ pub fn path(args: PathArgs) -> Result<()> {
     })
 }
 
+pub fn clear_loss(args: ClearLossArgs) -> Result<()> {
+    let req = Request::ClearLoss {
+        volume: args.volume.clone(),
+    };
+    runtime()?.block_on(async {
+        let sock = match &args.control {
+            Some(p) => p.clone(),
+            None => control::find_volume(&args.volume).await?,
+        };
+        let ack: Ack = control::request(&sock, &req).await?;
+        expect_ok(&ack)?;
+        match &ack.cleared {
+            Some(l) => outln!(
+                "{}: cleared the loss found at {} ({}); FLUSH and FUA writes succeed again. \
+                 Nothing lost was given back",
+                args.volume,
+                wall_time(l.since_unix),
+                l.cause
+            ),
+            None => outln!("{}: no loss to clear", args.volume),
+        }
+        Ok(())
+    })
+}
+
+/// Seconds since the Unix epoch as local-free UTC text.
+fn wall_time(unix: f64) -> String {
+    let secs = unix as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
+/// Hinnant's days-to-civil algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
 pub fn alua(args: AluaArgs) -> Result<()> {
     let req = Request::Alua {
         portal: args.portal.clone(),
@@ -275,6 +346,13 @@ pub fn alua(args: AluaArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wall_times_are_utc_dates() {
+        assert_eq!(wall_time(0.0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(wall_time(951_782_400.0), "2000-02-29 00:00:00 UTC");
+        assert_eq!(wall_time(1_795_803_133.0), "2026-11-27 18:12:13 UTC");
+    }
 
     #[test]
     fn unconfigured_knobs_read_as_the_default() {

@@ -9,8 +9,7 @@
 //!   acknowledged, survives; nothing stale or torn across a flushed
 //!   boundary appears (the rules are `crashkit`'s).
 //! - With the initiator's replay window, a volume that stays open across the
-//!   cuts loses nothing at all: writes the server acknowledged and lost are
-//!   written again to the restarted server before the next FLUSH answers.
+//!   cuts loses nothing at all (`power_loss_replay.rs`).
 //! - A failed `fdatasync` is remembered: every later FLUSH and FUA write on
 //!   that export fails until `braid serve` reopens it.
 //!
@@ -19,17 +18,14 @@
 mod common;
 mod crashkit;
 
-use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_powercut::{Cut, PowerCut};
-use common::{free_port, nbdsh, need_root, signal, tool, Serve};
-use crashkit::{block_data, decode_sector, read_disk, wait_dead, BLOCK, BLOCKS, SECTOR, WAIT};
-use rand::{Rng, SeedableRng};
+use common::{free_port, nbdsh, need_root, tool};
+use crashkit::{block_data, decode_sector, power_cut, read_disk, BLOCK, BLOCKS, SECTOR, WAIT};
+use rand::Rng;
 
 const CUTS: usize = 10;
 /// Bound on each whole test.
@@ -40,18 +36,6 @@ fn mount(dir: &Path) -> PowerCut {
     let at = dir.join("mnt");
     std::fs::create_dir(&at).expect("mount point");
     PowerCut::mount(&at, "disk.img", BLOCKS * BLOCK as u64).expect("mounting braid-powercut")
-}
-
-/// The host dies: the server stops on the spot (SIGSTOP: nothing more
-/// reaches the disk or the wire), the power goes keeping each dirty sector
-/// with probability `keep`, then the process is gone and power is back.
-fn power_cut(serve: &mut Serve, pc: &PowerCut, keep: f64, seed: u64) -> Cut {
-    signal(serve.pid(), libc::SIGSTOP);
-    let cut = pc.power_off(keep, seed);
-    signal(serve.pid(), libc::SIGKILL);
-    wait_dead(serve);
-    pc.power_on();
-    cut
 }
 
 #[cfg_attr(
@@ -125,142 +109,6 @@ async fn acknowledged_flushes_and_fua_writes_survive_power_loss() {
         report.checks.lost > 0,
         "no cut lost an acknowledged, unflushed write: the harness is not cutting power"
     );
-}
-
-/// The replay test's record of each block: the last version acknowledged.
-type Acked = Arc<Mutex<HashMap<u64, u64>>>;
-
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_open_volume_loses_nothing_across_power_cuts() {
-    if !need_root() {
-        return;
-    }
-    tokio::time::timeout(WHOLE_TEST, replay_run())
-        .await
-        .expect("replay test bounded in time");
-}
-
-async fn replay_run() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let dir = tempfile::tempdir().expect("temporary dir");
-    let pc = mount(dir.path());
-    let state = dir.path().join("state");
-    let control = dir.path().join("ctl.sock");
-    let listen = format!("--listen=127.0.0.1:{}", free_port());
-    let start = || crashkit::start(pc.file(), &state, &control, &[&listen]);
-    let seed = crashkit::seed("replay across power cuts");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-
-    let mut serve = start();
-    // Long enough to ride out every restart: no write may fail.
-    let vol = crashkit::open(&serve, Duration::from_secs(30)).await;
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = tokio::task::JoinSet::new();
-    for worker in 0..4u64 {
-        let (vol, acked, stop) = (vol.clone(), acked.clone(), stop.clone());
-        let wseed = rng.gen();
-        tasks.spawn(async move {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(wseed);
-            let mut version = HashMap::new();
-            while !stop.load(Ordering::Acquire) {
-                let block = rng.gen_range(0..BLOCKS / 4) * 4 + worker;
-                let v = version.entry(block).or_insert(0u64);
-                *v += 1;
-                let data = block_data(block, *v);
-                tokio::time::timeout(WAIT * 4, vol.write(block * BLOCK as u64, data, false))
-                    .await
-                    .map_err(|_| format!("write of block {block} v{v} did not end"))?
-                    .map_err(|e| format!("write of block {block} v{v} failed: {e}"))?;
-                acked.lock().unwrap().insert(block, *v);
-            }
-            Ok::<(), String>(())
-        });
-    }
-    {
-        let (vol, stop) = (vol.clone(), stop.clone());
-        tasks.spawn(async move {
-            while !stop.load(Ordering::Acquire) {
-                tokio::time::sleep(Duration::from_millis(40)).await;
-                tokio::time::timeout(WAIT * 4, vol.flush())
-                    .await
-                    .map_err(|_| "FLUSH did not end".to_owned())?
-                    .map_err(|e| format!("FLUSH failed: {e}"))?;
-            }
-            Ok(())
-        });
-    }
-
-    let mut lost = 0;
-    for n in 1..=5 {
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(150..500))).await;
-        let cut = tokio::task::block_in_place(|| power_cut(&mut serve, &pc, 0.5, rng.gen()));
-        eprintln!(
-            "cut {n}: {} dirty sectors lost, {} kept",
-            cut.lost, cut.kept
-        );
-        lost += cut.lost;
-        drop(serve);
-        serve = tokio::task::block_in_place(start);
-    }
-    stop.store(true, Ordering::Release);
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(e) = joined.expect("workload task") {
-            panic!("{e}; the server's log since the last cut:\n{}", serve.log());
-        }
-    }
-    assert!(lost > 0, "no cut dropped anything: nothing to replay");
-    tokio::time::timeout(WAIT, vol.flush())
-        .await
-        .expect("final FLUSH bounded")
-        .expect("final FLUSH");
-    let replay = vol.report().replay;
-    tokio::time::timeout(WAIT, vol.close())
-        .await
-        .expect("close");
-    drop(vol);
-
-    // Only what is durable counts now: a last cut keeps nothing dirty.
-    let cut = tokio::task::block_in_place(|| power_cut(&mut serve, &pc, 0.0, 0));
-    drop(serve);
-    let serve = tokio::task::block_in_place(start);
-    let vol = crashkit::open(&serve, Duration::ZERO).await;
-    let disk = read_disk(&vol, "after the last cut").await;
-    let acked = acked.lock().unwrap().clone();
-    let mut wrong = Vec::new();
-    for block in 0..BLOCKS {
-        let want = acked.get(&block).copied().unwrap_or(0);
-        for s in 0..BLOCK / SECTOR {
-            let at = block as usize * BLOCK + s * SECTOR;
-            let got = decode_sector(block, s, &disk[at..at + SECTOR]);
-            if got != Some(want) {
-                wrong.push(format!("block {block} sector {s}: {got:?}, want v{want}"));
-            }
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "{} sectors are not the last acknowledged write (the last cut dropped {} dirty \
-         sectors; replay {:?}):\n  {}",
-        wrong.len(),
-        cut.lost,
-        replay,
-        wrong.join("\n  ")
-    );
-    assert!(
-        replay.replays >= 5,
-        "every restart was replayed: {replay:?}"
-    );
-    tokio::time::timeout(WAIT, vol.close())
-        .await
-        .expect("close");
 }
 
 #[cfg_attr(

@@ -108,7 +108,7 @@ fn the_checker_tells_a_real_test_from_a_made_up_one() {
     ));
     assert!(defined(
         &files,
-        &path("engine::sim"),
+        &path("engine::sim::fence_runs"),
         "randomised_faults_keep_every_invariant"
     ));
     assert!(!defined(&files, &path("security_doc"), "no_such_test"));

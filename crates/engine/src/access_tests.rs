@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use braid_policy::{by_name, PolicyOptions, NAMES};
 use braid_proto::braid_ns::ConnId;
-use braid_proto::CmdFlags;
 
 use super::*;
 
@@ -28,15 +27,7 @@ fn engine(policy: &str, paths: usize) -> Engine {
 }
 
 fn submit(e: &mut Engine, now: Duration, op: Op, len: u64) -> ReqId {
-    e.submit(
-        now,
-        Submit {
-            op,
-            offset: 0,
-            len,
-            flags: CmdFlags(0),
-        },
-    )
+    e.submit(now, crate::tests::request(op, 0, len))
 }
 
 /// Requests completed, with their results.

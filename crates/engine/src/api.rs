@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use braid_policy::SplitRules;
 use braid_proto::{CmdFlags, Command, Cookie, Errno};
+use bytes::Bytes;
 
 use super::stats::Histogram;
 use super::{PathCounters, PathState};
@@ -54,12 +55,74 @@ impl Op {
 }
 
 /// A request as submitted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Submit {
     pub op: Op,
     pub offset: u64,
     pub len: u64,
     pub flags: CmdFlags,
+    /// A WRITE's data (`len` bytes); nothing for other operations.
+    pub payload: Option<Payload>,
+}
+
+impl Submit {
+    /// A request without data.
+    pub fn new(op: Op, offset: u64, len: u64, flags: CmdFlags) -> Self {
+        Self {
+            op,
+            offset,
+            len,
+            flags,
+            payload: None,
+        }
+    }
+
+    /// A WRITE of `payload`.
+    pub fn write(offset: u64, flags: CmdFlags, payload: Payload) -> Self {
+        Self {
+            op: Op::Write,
+            offset,
+            len: payload.data.len() as u64,
+            flags,
+            payload: Some(payload),
+        }
+    }
+}
+
+/// A WRITE's data, and how much memory keeping it keeps alive: the
+/// buffer it is a slice of may be larger (a pooled buffer of the next
+/// size class), and the replay window counts what it pins, not what it
+/// would write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payload {
+    pub data: Bytes,
+    pub pinned: u64,
+}
+
+impl Payload {
+    /// Data that pins no more than itself.
+    pub fn new(data: Bytes) -> Self {
+        let pinned = data.len() as u64;
+        Self { data, pinned }
+    }
+}
+
+/// What a path's new connections say of the target's life, so that a
+/// target that restarted (and may have lost what it never made durable)
+/// is told apart from the one the volume knew.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Instance {
+    /// The target names its process (`x-braid:instance`, or braid's
+    /// vendor VPD page over iSCSI): a new name is a restart.
+    Known(u128),
+    /// The target names nothing, but the new session was told of a
+    /// power on or reset (a unit attention 29h on its first command).
+    /// Every new session may be told so after one restart: the engine
+    /// decides whether this is the restart it knows of (see `restart.rs`).
+    ResetSeen,
+    /// Nothing either way.
+    #[default]
+    Unknown,
 }
 
 /// Why a request failed.
@@ -69,6 +132,10 @@ pub enum IoError {
     Target { errno: Errno, message: String },
     #[error("no path to the volume for {0:?}")]
     NoPath(Duration),
+    /// The target restarted and writes it had acknowledged may be gone:
+    /// every FLUSH and FUA write fails until the loss is cleared.
+    #[error("acknowledged writes may have been lost: {0}")]
+    Lost(String),
 }
 
 impl IoError {
@@ -76,7 +143,7 @@ impl IoError {
     pub fn errno(&self) -> Errno {
         match self {
             Self::Target { errno, .. } => *errno,
-            Self::NoPath(_) => Errno::Io,
+            Self::NoPath(_) | Self::Lost(_) => Errno::Io,
         }
     }
 }
@@ -97,6 +164,8 @@ pub struct SendChunk {
     pub req: Option<ReqId>,
     /// Where in that request the chunk starts.
     pub req_offset: u64,
+    /// A WRITE's data for this chunk.
+    pub payload: Option<Bytes>,
 }
 
 /// Something the user should be told, once, in a log line.
@@ -124,6 +193,34 @@ pub enum Event {
     /// Requests waited longer than the no-path timeout and failed.
     NoPathTimeout {
         failed: usize,
+    },
+    /// The target restarted (`how` says how the engine knows): what it
+    /// acknowledged and never made durable is written again before
+    /// anything new. `resent` pieces of writes still under way that the
+    /// old target had acknowledged go again too.
+    TargetRestarted {
+        how: String,
+        replay_bytes: u64,
+        replay_extents: usize,
+        resent: usize,
+    },
+    /// A replay ended: `took` from the restart seen to the last replayed
+    /// write acknowledged; `failed` says why it could not land.
+    Replayed {
+        bytes: u64,
+        extents: usize,
+        took: Duration,
+        failed: Option<String>,
+    },
+    /// A sign of a reset that the engine found to be the restart it had
+    /// already handled (another path's new session told of it too).
+    RestartAlreadyHandled {
+        path: PathId,
+    },
+    /// Acknowledged writes may be gone: every FLUSH and FUA write fails
+    /// from now on, until the loss is cleared.
+    Lost {
+        cause: String,
     },
 }
 
@@ -154,6 +251,12 @@ pub enum Action {
         path: PathId,
         fence: FenceId,
         conns: Vec<braid_proto::braid_ns::ConnId>,
+    },
+    /// READ data that arrived for `cookie` is no longer wanted: the piece
+    /// is read again (after a replay), so drop what was kept of it.
+    Forget {
+        req: ReqId,
+        cookie: Cookie,
     },
     /// Try connecting the path again after this delay.
     Reconnect {
@@ -195,6 +298,9 @@ pub struct EngineConfig {
     /// dial a minute, not two a second forever.
     pub reconnect_fast_attempts: u32,
     pub reconnect_slow_max: Duration,
+    /// Memory the replay window may hold (see `window.rs`): writes
+    /// acknowledged since the last FLUSH, kept to give a restarted target.
+    pub replay_window: u64,
 }
 
 impl Default for EngineConfig {
@@ -217,6 +323,7 @@ impl Default for EngineConfig {
             slow_reply_min: Duration::from_secs(30),
             slow_reply_max: Duration::from_secs(120),
             reconnect_slow_max: Duration::from_secs(60),
+            replay_window: 256 << 20,
         }
     }
 }
@@ -255,4 +362,30 @@ pub struct PathReport {
     pub access: super::Access,
     /// The knobs set for the path (priority, weight, standby, ...).
     pub config: super::PathConfig,
+}
+
+/// The replay window and the loss state, for reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// The target says which process answers (or tells each new session of
+    /// a power on), so a restart is seen and replayed.
+    pub available: bool,
+    /// Bytes acknowledged since the last FLUSH and kept for replay.
+    pub window_bytes: u64,
+    /// Memory those hold (the buffers they keep alive), and the bound.
+    pub window_pinned: u64,
+    pub window_limit: u64,
+    /// Acknowledged writes were let go to stay within the bound, and no
+    /// FLUSH has covered them yet: a restart now cannot be made whole.
+    pub overflowed: bool,
+    /// Restarts seen, and replays done.
+    pub restarts: u64,
+    /// A replay is under way (new requests wait for it).
+    pub replaying: bool,
+    /// The last replay: bytes, and time from the restart seen to its end.
+    pub last_replay: Option<(u64, Duration)>,
+    /// Acknowledged writes may be gone: since when (engine time) and why.
+    pub lost: Option<(Duration, String)>,
+    /// FLUSHes and FUA writes failed because of a loss.
+    pub lost_flushes: u64,
 }

@@ -17,4 +17,16 @@ pub struct VolumeCounters {
     /// Fences of failed paths' connections that the target confirmed:
     /// moves when the driver reports a fence done.
     pub fences: u64,
+    /// Restarts of the target seen (a new instance, or a reset a new
+    /// session was told of that no witness explained): moves once per
+    /// restart, whatever the number of paths that saw it.
+    pub restarts: u64,
+    /// Bytes given again to restarted targets: moves when a replay starts.
+    pub replay_bytes: u64,
+    /// Times the volume was found to have lost acknowledged writes (a
+    /// restart the window could not cover, or a replay that failed).
+    pub losses: u64,
+    /// FLUSHes and FUA writes failed with EIO because of a loss: moves per
+    /// request.
+    pub lost_flushes: u64,
 }

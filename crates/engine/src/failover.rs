@@ -8,15 +8,48 @@ use braid_proto::braid_ns::ConnId;
 use braid_proto::{CmdFlags, Cookie};
 
 use super::{
-    path, Action, Chunk, Engine, Event, FenceId, IoError, Op, PathId, PathState, PendingFence,
-    Piece, SendChunk, UNMEASURED_THROUGHPUT,
+    path, Action, Chunk, Engine, Event, FenceId, Instance, IoError, Op, PathId, PathState,
+    PendingFence, Piece, SendChunk, UNMEASURED_THROUGHPUT,
 };
 
 impl Engine {
     /// The path's connections are up: it carries I/O from now on.
     /// `server_ids` are the target's ids of each connection (for fencing),
-    /// `fencing` whether the target fences.
+    /// `fencing` whether the target fences. The target says nothing of its
+    /// life (see [`Self::path_up_with`]).
     pub fn path_up(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        server_ids: Vec<Option<ConnId>>,
+        fencing: bool,
+    ) {
+        self.path_up_with(now, path, server_ids, fencing, Instance::Unknown);
+    }
+
+    /// [`Self::path_up`], with what the connections say of the target's
+    /// life: another instance than the volume knew is a restart, handled
+    /// before the path carries anything (`restart.rs`). A path told of a
+    /// reset may wait (in state `Connecting`) until the engine knows
+    /// whether that reset is one it has handled; it then comes up by
+    /// itself.
+    pub fn path_up_with(
+        &mut self,
+        now: Duration,
+        path: PathId,
+        server_ids: Vec<Option<ConnId>>,
+        fencing: bool,
+        instance: Instance,
+    ) {
+        if self.arriving(now, path.0, &server_ids, fencing, instance) {
+            self.bring_up(now, path, server_ids, fencing);
+        } else {
+            self.paths[path.0].state = PathState::Connecting;
+        }
+        self.release_held(now);
+    }
+
+    pub(super) fn bring_up(
         &mut self,
         now: Duration,
         path: PathId,
@@ -69,6 +102,7 @@ impl Engine {
             .retain(|a| !matches!(a, Action::Send(s) if s.path == path));
         let server_ids: Vec<ConnId> = p.conns.iter().filter_map(|c| c.server_id).collect();
         let fencing = p.fencing;
+        let epoch = p.epoch;
         p.reset_conns();
         let mut cookies: Vec<u64> = self
             .chunks
@@ -112,6 +146,7 @@ impl Engine {
                 fence,
                 PendingFence {
                     path,
+                    epoch,
                     held: writes,
                     unsettled: Vec::new(),
                 },
@@ -141,6 +176,7 @@ impl Engine {
             queued,
         }));
         self.schedule_reconnect(path);
+        self.witness_lost(now, path.0);
         self.release_held(now);
     }
 
@@ -174,21 +210,31 @@ impl Engine {
     /// (and only those) are re-sent. A fence confirmed twice, or unknown,
     /// changes nothing.
     pub fn fence_done(&mut self, now: Duration, fence: FenceId) {
+        self.release_fence(now, fence, true);
+    }
+
+    /// Re-sends what `fence` held: it was confirmed by the target, or
+    /// (`confirmed` false) the process that held its connections is gone.
+    pub(super) fn release_fence(&mut self, now: Duration, fence: FenceId, confirmed: bool) {
         let Some(PendingFence { path, held, .. }) = self.fences.remove(&fence) else {
             return;
         };
-        self.counters.fences += 1;
+        if confirmed {
+            self.counters.fences += 1;
+        }
         let mut resent = Vec::new();
         for piece in held {
             if let Some(to) = self.dispatch(now, piece) {
                 count_into(&mut resent, to);
             }
         }
-        self.actions.push_back(Action::Event(Event::Fenced {
-            path,
-            fence,
-            resent,
-        }));
+        if confirmed {
+            self.actions.push_back(Action::Event(Event::Fenced {
+                path,
+                fence,
+                resent,
+            }));
+        }
     }
 
     /// Time passes: detects paths that stopped answering, probes idle
@@ -234,6 +280,7 @@ impl Engine {
             }
         }
         self.expire(now);
+        self.confirm_deadlines(now);
         self.release_held(now);
     }
 
@@ -282,7 +329,7 @@ impl Engine {
         }
     }
 
-    fn probe(&mut self, now: Duration, path: usize) {
+    pub(super) fn probe(&mut self, now: Duration, path: usize) {
         let Some(conn) = self.paths[path].pick_conn() else {
             return;
         };
@@ -294,6 +341,7 @@ impl Engine {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         self.paths[path].sent(conn, u64::from(len), now);
+        let epoch = self.paths[path].epoch;
         self.chunks.insert(
             cookie,
             Chunk {
@@ -304,6 +352,7 @@ impl Engine {
                 ahead: 0,
                 sent_at: now,
                 op: Op::Read,
+                epoch,
             },
         );
         self.actions.push_back(Action::Send(SendChunk {
@@ -316,6 +365,7 @@ impl Engine {
             len,
             req: None,
             req_offset: 0,
+            payload: None,
         }));
     }
 

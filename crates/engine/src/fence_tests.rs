@@ -57,15 +57,7 @@ fn without_fencing_writes_are_resent_after_close() {
         e.path_up(Duration::ZERO, p, vec![None], false);
     }
     while e.poll_action().is_some() {}
-    e.submit(
-        Duration::ZERO,
-        Submit {
-            op: Op::Write,
-            offset: 0,
-            len: 1 << 20,
-            flags: CmdFlags(0),
-        },
-    );
+    e.submit(Duration::ZERO, crate::tests::request(Op::Write, 0, 1 << 20));
     while e.poll_action().is_some() {}
     e.path_failed(Duration::ZERO, PathId(0), "reset");
     let actions: Vec<Action> = std::iter::from_fn(|| e.poll_action()).collect();

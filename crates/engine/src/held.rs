@@ -7,27 +7,19 @@ use std::time::Duration;
 
 use braid_policy::Request as PolicyRequest;
 
-use super::{Engine, Op, Piece, ReqId, Submit, UserReq, WRITE_PIECE};
+use super::{Engine, Op, Piece, ReqId, Submit, WRITE_PIECE};
 
 impl Engine {
     /// Places a READ or WRITE now, or holds it until the policy can place
     /// it. A request submitted while others are held waits behind them, so
     /// requests go out in the order they came.
-    pub(super) fn submit_data(
-        &mut self,
-        now: Duration,
-        id: ReqId,
-        s: Submit,
-        write_seq: Option<u64>,
-    ) {
-        self.reqs
-            .insert(id.0, UserReq::new(s.op, 0, write_seq, now));
+    pub(super) fn submit_data(&mut self, now: Duration, id: ReqId, s: Submit, since: Duration) {
         self.refresh_views(now);
         if !self.held.is_empty() || self.policy.hold(&self.views) {
-            self.held.push_back((id, s, now));
+            self.held.push_back((id, s, since));
             return;
         }
-        self.place(now, id, &s, now);
+        self.place(now, id, &s, since);
     }
 
     /// Places held requests, oldest first, for as long as the policy lets
@@ -35,7 +27,9 @@ impl Engine {
     /// a reply, the kernel's figures, a path up, failed or re-enabled, and
     /// every tick.
     pub(super) fn release_held(&mut self, now: Duration) {
-        while !self.held.is_empty() {
+        // Held requests came before the restart was seen: they wait for
+        // its replay like the ones that came after.
+        while !self.held.is_empty() && self.replay.is_none() {
             self.refresh_views(now);
             if self.policy.hold(&self.views) {
                 return;
@@ -48,7 +42,7 @@ impl Engine {
     /// Splits a request by the policy's plan and sends its pieces (those
     /// the plan leaves unplaced go to `dispatch`). `since` is when the
     /// request came, for the no-path timeout.
-    fn place(&mut self, now: Duration, id: ReqId, s: &Submit, since: Duration) {
+    pub(super) fn place(&mut self, now: Duration, id: ReqId, s: &Submit, since: Duration) {
         let piece = |req_offset: u64, len: u64| Piece::of(id, s, req_offset, len, since);
         let mut placed: Vec<(Piece, Option<usize>)> = Vec::new();
         self.refresh_views(now);

@@ -21,7 +21,12 @@
 //!   knows nothing yet of any usable path, and a reply will tell it);
 //! - with no usable path, chunks wait up to the no-path timeout, then their
 //!   requests fail with EIO; nothing is completed that the target did not
-//!   acknowledge.
+//!   acknowledge;
+//! - what the target acknowledged and never made durable is kept (the
+//!   replay window); a target that restarted gets it again before anything
+//!   new, with every piece of a split write it had answered, and reads wait
+//!   until it has landed (`restart.rs`); when that cannot make it whole,
+//!   every FLUSH and FUA write fails until the loss is cleared.
 
 mod access;
 #[cfg(test)]
@@ -38,22 +43,30 @@ mod liveness;
 mod no_path_tests;
 pub mod path;
 mod report;
+mod request;
+mod restart;
+#[cfg(test)]
+mod restart_tests;
 #[cfg(test)]
 mod sim;
 pub mod stats;
 #[cfg(test)]
 mod tests;
+pub mod window;
+#[cfg(test)]
+mod window_tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use braid_policy::{PathView, Policy, Request as PolicyRequest};
-use braid_proto::{CmdFlags, Cookie, Errno};
+use braid_proto::CmdFlags;
+use braid_proto::Cookie;
 
 pub use access::Access;
 pub use api::{
-    Action, ChunkInfo, EngineConfig, Event, FenceId, IoError, Op, PathId, PathReport, ReqId,
-    SendChunk, Submit,
+    Action, ChunkInfo, EngineConfig, Event, FenceId, Instance, IoError, Op, PathId, PathReport,
+    Payload, ReplayReport, ReqId, SendChunk, Submit,
 };
 pub use counters::VolumeCounters;
 pub use liveness::KernelHealth;
@@ -91,6 +104,9 @@ const WRITE_PIECE: u64 = 64 * 1024;
 #[derive(Debug)]
 struct PendingFence {
     path: PathId,
+    /// The target instance (epoch) the failed connections led to: a
+    /// restart since means they are gone with it, fenced or not.
+    epoch: u64,
     held: Vec<Piece>,
     /// Ranges of held writes that failed (no path in time) before the
     /// fence was confirmed: a stale copy of them may still land, so a
@@ -139,6 +155,8 @@ impl Piece {
 
 #[derive(Debug)]
 struct Chunk {
+    /// The piece it carries; `None` for a probe, and for a piece taken
+    /// back to be sent again (its reply then only counts as the path's).
     piece: Option<Piece>,
     path: usize,
     conn: usize,
@@ -146,15 +164,41 @@ struct Chunk {
     ahead: u64,
     sent_at: Duration,
     op: Op,
+    /// The target instance the path led to when it was sent.
+    epoch: u64,
+}
+
+/// Who asked for a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The driver's caller: completed with [`Action::Complete`].
+    User,
+    /// The engine, giving a restarted target its window again.
+    Replay,
 }
 
 #[derive(Debug)]
 struct UserReq {
     op: Op,
+    offset: u64,
+    len: u64,
+    flags: CmdFlags,
+    /// A WRITE's data and what it pins (see [`Payload`]).
+    payload: Option<Payload>,
+    origin: Origin,
+    /// A replay write of a replay started again: it is not sent again,
+    /// and its end is only awaited.
+    cancelled: bool,
     pending: u32,
     error: Option<IoError>,
     /// For writes: position in submission order, for the flush rule.
     write_seq: Option<u64>,
+    /// Pieces of a write the target acknowledged while the request was
+    /// still under way: (offset within it, length, target epoch). A
+    /// restart before the request completes sends them again.
+    acked: Vec<(u64, u32, u64)>,
+    /// For a FLUSH: the replay window's mark when it was last sent.
+    mark: u64,
     /// Bytes per path when the plan split the request over several paths
     /// (empty otherwise, and once a piece is sent again elsewhere), and
     /// when it was placed: which path it waits for teaches each path's
@@ -164,15 +208,28 @@ struct UserReq {
 }
 
 impl UserReq {
-    fn new(op: Op, pending: u32, write_seq: Option<u64>, now: Duration) -> Self {
+    fn new(s: &Submit, origin: Origin, write_seq: Option<u64>, now: Duration) -> Self {
         Self {
-            op,
-            pending,
+            op: s.op,
+            offset: s.offset,
+            len: s.len,
+            flags: s.flags,
+            payload: s.payload.clone(),
+            origin,
+            cancelled: false,
+            pending: 0,
             error: None,
             write_seq,
+            acked: Vec::new(),
+            mark: 0,
             split: Vec::new(),
             placed: now,
         }
+    }
+
+    /// A placed write still under way (not held, deferred or done).
+    fn writing(&self) -> bool {
+        self.op.is_write() && self.pending > 0
     }
 }
 
@@ -202,12 +259,35 @@ pub struct Engine {
     actions: VecDeque<Action>,
     views: Vec<PathView>,
     counters: VolumeCounters,
+    /// What the target acknowledged and has not made durable.
+    window: window::Window,
+    /// Restarts of the target seen so far; each path and chunk records
+    /// the one it led to.
+    epoch: u64,
+    /// The target's name for its process, once one said it.
+    instance: Option<u128>,
+    /// Some path told of the target's life (an instance, or a reset at
+    /// login): a restart can be seen, so replay is available.
+    signals: bool,
+    /// A replay under way, and what waits for it.
+    replay: Option<restart::ReplayRun>,
+    /// Requests that came during a replay, in order.
+    deferred: VecDeque<(ReqId, Submit, Duration)>,
+    /// Pieces of the user's requests that wait for the replay to land.
+    after_replay: Vec<Piece>,
+    /// Paths whose new session told of a reset, waiting to learn whether
+    /// it is the restart already handled (see `restart.rs`).
+    confirming: Vec<restart::Confirm>,
+    /// Acknowledged writes may be gone: since when, and why.
+    lost: Option<(Duration, String)>,
+    last_replay: Option<(u64, Duration)>,
+    #[cfg(test)]
+    undo: restart::Undo,
 }
 
 impl Engine {
     pub fn new(cfg: EngineConfig, policy: Box<dyn Policy>) -> Self {
         Self {
-            cfg,
             policy,
             paths: Vec::new(),
             chunks: HashMap::new(),
@@ -224,6 +304,19 @@ impl Engine {
             actions: VecDeque::new(),
             counters: VolumeCounters::default(),
             views: Vec::new(),
+            window: window::Window::new(cfg.replay_window),
+            epoch: 0,
+            instance: None,
+            signals: false,
+            replay: None,
+            deferred: VecDeque::new(),
+            after_replay: Vec::new(),
+            confirming: Vec::new(),
+            lost: None,
+            last_replay: None,
+            #[cfg(test)]
+            undo: Default::default(),
+            cfg,
         }
     }
 
@@ -255,160 +348,6 @@ impl Engine {
     /// Requests submitted and not completed.
     pub fn outstanding(&self) -> usize {
         self.reqs.len()
-    }
-
-    /// Submits a request; its completion comes as [`Action::Complete`].
-    pub fn submit(&mut self, now: Duration, s: Submit) -> ReqId {
-        let id = ReqId(self.next_req);
-        self.next_req += 1;
-        let write_seq = s.op.is_write().then(|| {
-            let seq = self.next_write_seq;
-            self.next_write_seq += 1;
-            self.open_writes.insert(seq);
-            seq
-        });
-        let piece = |req_offset: u64, len: u64| Piece::of(id, &s, req_offset, len, now);
-        let mut placed: Vec<(Piece, Option<usize>)> = Vec::new();
-        match s.op {
-            Op::Read | Op::Write => {
-                self.submit_data(now, id, s, write_seq);
-                return id;
-            }
-            Op::Flush => {
-                let covers = self.next_write_seq - 1;
-                let p = piece(0, 0);
-                self.reqs
-                    .insert(id.0, UserReq::new(s.op, 1, write_seq, now));
-                if self.open_writes.range(..=covers).next().is_some() {
-                    self.held_flushes.push((p, covers));
-                } else {
-                    self.dispatch(now, p);
-                }
-                return id;
-            }
-            Op::BlockStatus => placed.push((piece(0, s.len.min(u64::from(u32::MAX))), None)),
-            Op::Trim | Op::WriteZeroes | Op::Cache => {
-                let mut at = 0;
-                while at < s.len || (at == 0 && s.len == 0) {
-                    let n = (s.len - at).min(NONDATA_PIECE);
-                    placed.push((piece(at, n), None));
-                    at += n.max(1);
-                }
-            }
-        }
-        self.reqs.insert(
-            id.0,
-            UserReq::new(s.op, placed.len() as u32, write_seq, now),
-        );
-        for (p, path) in placed {
-            match path {
-                Some(path) => self.send(now, p, path),
-                None => {
-                    self.dispatch(now, p);
-                }
-            }
-        }
-        id
-    }
-
-    /// A reply to the chunk `cookie` arrived: `Ok`, or the error the target
-    /// sent. Replies for chunks already moved elsewhere are ignored.
-    pub fn reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
-        self.take_reply(now, cookie, outcome);
-        self.release_held(now);
-    }
-
-    fn take_reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
-        let Some(chunk) = self.chunks.remove(&cookie.0) else {
-            return;
-        };
-        let path = &mut self.paths[chunk.path];
-        path.completed(chunk.conn, chunk.bytes, chunk.ahead, chunk.sent_at, now);
-        if chunk.piece.is_some() {
-            // Probes are the engine's, not the user's: their latency would
-            // flatter an idle path.
-            let service = now.saturating_sub(chunk.sent_at);
-            path.latency_hist.record(service);
-            path.recent_latency.record(now, service);
-        }
-        let c = &mut path.counters;
-        match chunk.op {
-            // Probes are health checks, not the user's data.
-            _ if chunk.piece.is_none() => c.others += 1,
-            Op::Read if outcome.is_ok() => {
-                c.reads += 1;
-                c.read_bytes += chunk.bytes;
-            }
-            Op::Write if outcome.is_ok() => {
-                c.writes += 1;
-                c.written_bytes += chunk.bytes;
-            }
-            _ if outcome.is_ok() => c.others += 1,
-            _ => c.errors += 1,
-        }
-        let Some(piece) = chunk.piece else {
-            return; // a probe: its reply was the point
-        };
-        match outcome {
-            Ok(()) => {}
-            Err((Errno::Shutdown, message)) => {
-                // The target is going away on this path: try elsewhere.
-                let reason = format!("target shutting down: {message}");
-                self.path_failed(now, PathId(chunk.path), &reason);
-                self.dispatch(now, piece);
-                return;
-            }
-            Err((errno, message)) => {
-                if let Some(r) = self.reqs.get_mut(&piece.req.0) {
-                    r.error.get_or_insert(IoError::Target { errno, message });
-                }
-            }
-        }
-        self.piece_done(now, piece.req, Some(chunk.path));
-    }
-
-    /// One of `req`'s pieces ended, on path `on` if it was answered.
-    fn piece_done(&mut self, now: Duration, req: ReqId, on: Option<usize>) {
-        let Some(r) = self.reqs.get_mut(&req.0) else {
-            return;
-        };
-        r.pending = r.pending.saturating_sub(1);
-        if r.pending > 0 {
-            return;
-        }
-        let r = self.reqs.remove(&req.0).expect("present above");
-        if let (Some(last), None, true) = (on, &r.error, r.split.len() > 1) {
-            self.learn_lateness(&r.split, last, now.saturating_sub(r.placed));
-        }
-        if let Some(seq) = r.write_seq {
-            self.open_writes.remove(&seq);
-            self.release_flushes(now);
-        }
-        let _ = r.op;
-        if let Some(e) = &r.error {
-            self.counters.errors_returned += 1;
-            if e.errno() == Errno::Io {
-                self.counters.eio_returned += 1;
-            }
-            if matches!(e, IoError::NoPath(_)) {
-                self.counters.no_path_timeouts += 1;
-            }
-        }
-        self.actions.push_back(Action::Complete {
-            req,
-            result: r.error.map_or(Ok(()), Err),
-        });
-    }
-
-    fn release_flushes(&mut self, now: Duration) {
-        let oldest_open = self.open_writes.first().copied().unwrap_or(u64::MAX);
-        let (ready, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_flushes)
-            .into_iter()
-            .partition(|(_, covers)| *covers < oldest_open);
-        self.held_flushes = held;
-        for (p, _) in ready {
-            self.dispatch(now, p);
-        }
     }
 
     /// The kernel's figures of a path's connections (see `Path::wire`):
@@ -459,8 +398,23 @@ impl Engine {
     /// Places a piece on the best usable path, or queues it. Returns the
     /// path it went to.
     fn dispatch(&mut self, now: Duration, piece: Piece) -> Option<usize> {
-        if let Some(r) = self.reqs.get_mut(&piece.req.0) {
-            r.split.clear(); // sent again: which path it waits for says little
+        let r = self.reqs.get_mut(&piece.req.0)?;
+        r.split.clear(); // sent again: which path it waits for says little
+        if r.cancelled {
+            // A replay write of a replay started again: what it carried
+            // goes in the new replay.
+            self.piece_done(now, piece.req, None);
+            return None;
+        }
+        #[cfg(test)]
+        let hold = !(self.undo.reads_during_replay && piece.op == Op::Read);
+        #[cfg(not(test))]
+        let hold = true;
+        if hold && self.replay.is_some() && r.origin == Origin::User {
+            // Nothing of the user's may land, read or be flushed before the
+            // restarted target has back what it acknowledged.
+            self.after_replay.push(piece);
+            return None;
         }
         self.refresh_views(now);
         let req = PolicyRequest {
@@ -512,6 +466,17 @@ impl Engine {
         };
         let ahead = self.paths[path].inflight_bytes();
         self.paths[path].sent(conn, bytes, now);
+        let mark = self.window.mark();
+        let payload = self.reqs.get_mut(&piece.req.0).and_then(|r| {
+            if piece.op == Op::Flush {
+                // A FLUSH covers what was acknowledged before it was sent.
+                r.mark = mark;
+            }
+            let data = &r.payload.as_ref()?.data;
+            let start = piece.req_offset as usize;
+            Some(data.slice(start..start + piece.len as usize))
+        });
+        let epoch = self.paths[path].epoch;
         self.actions.push_back(Action::Send(SendChunk {
             path: PathId(path),
             conn,
@@ -522,6 +487,7 @@ impl Engine {
             len: piece.len,
             req: Some(piece.req),
             req_offset: piece.req_offset,
+            payload,
         }));
         self.chunks.insert(
             cookie,
@@ -533,6 +499,7 @@ impl Engine {
                 bytes,
                 ahead,
                 sent_at: now,
+                epoch,
             },
         );
     }

@@ -126,6 +126,9 @@ pub(crate) struct Path {
     pub liveness: super::liveness::Liveness,
     /// The target's word on the path's port (ALUA).
     pub access: super::Access,
+    /// The restart of the target (see `restart.rs`) its connections lead
+    /// to.
+    pub epoch: u64,
 }
 
 /// Throughput is sampled over at least this much busy time, so one small
@@ -177,6 +180,7 @@ impl Path {
             enabled: true,
             liveness: Default::default(),
             access: Default::default(),
+            epoch: 0,
         }
     }
 

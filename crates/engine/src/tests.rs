@@ -9,6 +9,18 @@ use braid_proto::{CmdFlags, Cookie, Errno};
 
 use super::*;
 
+/// A request of `op` without flags; a WRITE carries zeroes.
+pub(crate) fn request(op: Op, offset: u64, len: u64) -> Submit {
+    match op {
+        Op::Write => Submit::write(
+            offset,
+            CmdFlags(0),
+            Payload::new(bytes::Bytes::from(vec![0; len as usize])),
+        ),
+        _ => Submit::new(op, offset, len, CmdFlags(0)),
+    }
+}
+
 pub(crate) struct Harness {
     pub(crate) e: Engine,
     pub(crate) now: Duration,
@@ -64,15 +76,7 @@ impl Harness {
     }
 
     pub(crate) fn submit(&mut self, op: Op, offset: u64, len: u64) -> ReqId {
-        let id = self.e.submit(
-            self.now,
-            Submit {
-                op,
-                offset,
-                len,
-                flags: CmdFlags(0),
-            },
-        );
+        let id = self.e.submit(self.now, request(op, offset, len));
         self.pump();
         id
     }

@@ -59,6 +59,16 @@ impl Pool {
         (shift <= MAX_SHIFT).then(|| (shift - MIN_SHIFT) as usize)
     }
 
+    /// The memory a buffer of `len` bytes from the pool keeps alive: its
+    /// size class, or `len` itself past the largest class. What a slice of
+    /// such a buffer pins, for those who keep slices (the replay window).
+    pub fn pinned(len: usize) -> u64 {
+        match Self::class(len) {
+            Some(class) => 1u64 << (class as u32 + MIN_SHIFT),
+            None => len as u64,
+        }
+    }
+
     /// A buffer of `len` bytes. Its contents are whatever it held before
     /// (zeroes when new): callers overwrite what they use.
     pub fn get(self: &Arc<Self>, len: usize) -> Buf {
@@ -307,6 +317,17 @@ pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_buffer_pins_is_its_size_class() {
+        assert_eq!(Pool::pinned(1), 4096);
+        assert_eq!(Pool::pinned(4096), 4096);
+        assert_eq!(Pool::pinned(4097), 8192);
+        assert_eq!(Pool::pinned(600 << 10), 1 << 20);
+        assert_eq!(Pool::pinned((32 << 20) + 1), (32 << 20) + 1);
+        let b = Pool::new().get(600 << 10);
+        assert_eq!(b.data.capacity() as u64, Pool::pinned(600 << 10));
+    }
 
     #[test]
     fn buffers_come_back_and_are_reused() {

@@ -95,7 +95,13 @@ pub fn volume_status(a: &Attached, rates: &Rates) -> ctl::VolumeStatus {
         fencing: info.fencing,
         replay: report.replay.available,
         replay_window_bytes: report.replay.window_bytes,
+        replay_window_pinned: report.replay.window_pinned,
+        replay_window_limit: report.replay.window_limit,
+        replay_overflowed: report.replay.overflowed,
         replays: report.replay.replays,
+        replaying: report.replay.replaying,
+        lost: report.replay.lost.as_ref().map(loss_status),
+        lost_flushes: report.replay.lost_flushes,
         paths,
     }
 }
@@ -171,8 +177,27 @@ pub(super) fn handler(volumes: Volumes, rates: Arc<Mutex<Rates>>) -> control::Ha
             ctl::Request::Alua { .. } => answer(ctl::Ack::refused(
                 "braid attach has no iSCSI portals; ask the braid serve that has them",
             )),
+            ctl::Request::ClearLoss { volume } => match find(&volume) {
+                Some(a) => answer(ctl::Ack {
+                    cleared: a.volume.clear_loss().as_ref().map(loss_status),
+                    ..ctl::Ack::ok()
+                }),
+                None => answer(ctl::Ack::refused(format!(
+                    "no volume named {volume:?} here"
+                ))),
+            },
         }
     })
+}
+
+fn loss_status(l: &braid_initiator::Loss) -> ctl::LossStatus {
+    ctl::LossStatus {
+        since_unix: l
+            .since
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        cause: l.cause.clone(),
+    }
 }
 
 /// A path's knobs as `braid status` and the logs show them.

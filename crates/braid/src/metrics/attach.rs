@@ -101,6 +101,16 @@ const VOLUME_COUNTERS: &[VolumeCounter] = &[
         "Fences of failed paths' connections the target confirmed",
         |c| c.fences,
     ),
+    (
+        "braid_volume_replay_bytes",
+        "Bytes given again to restarted targets (the replay window at each restart)",
+        |c| c.replay_bytes,
+    ),
+    (
+        "braid_volume_losses",
+        "Times the volume was found to have lost acknowledged writes (a restart the replay window could not cover, or a replay that failed)",
+        |c| c.losses,
+    ),
 ];
 
 impl Collector for AttachCollector {
@@ -161,7 +171,30 @@ impl Collector for AttachCollector {
                 .collect()
         };
         counters(&mut enc, "braid_volume_replays", "Times a restarted target was given the writes it acknowledged since the last FLUSH again", &replay_rows(|r| r.replays))?;
-        counters(&mut enc, "braid_volume_replay_lost_flushes", "FLUSHes failed because a restarted target may have lost writes the replay window could not hold", &replay_rows(|r| r.lost_flushes))?;
+        counters(&mut enc, "braid_volume_replay_lost_flushes", "FLUSHes and FUA writes failed because acknowledged writes may have been lost, since the loss was found and until it is cleared", &replay_rows(|r| r.lost_flushes))?;
+        let rows: Vec<(Labels, f64)> = reports
+            .iter()
+            .map(|(a, r)| {
+                let lost = f64::from(u8::from(r.replay.lost.is_some()));
+                (vec![("volume", a.name.clone())], lost)
+            })
+            .collect();
+        gauges(&mut enc, "braid_volume_lost", "1 while acknowledged writes may have been lost and every FLUSH and FUA write fails (until braid clear-loss)", &rows)?;
+        let rows: Vec<(Labels, f64)> = reports
+            .iter()
+            .map(|(a, r)| {
+                (
+                    vec![("volume", a.name.clone())],
+                    r.replay.window_pinned as f64,
+                )
+            })
+            .collect();
+        gauges(
+            &mut enc,
+            "braid_volume_replay_window_bytes",
+            "Memory the replay window holds (the buffers its writes keep alive)",
+            &rows,
+        )?;
         for (name, help, read) in VOLUME_COUNTERS {
             let rows: Vec<(Labels, u64)> = reports
                 .iter()

@@ -4,6 +4,9 @@
 //! the whole volume back and judges each sector against what the NBD spec
 //! says must have survived. `crash_consistency.rs` explains the rules.
 
+// Each test binary compiles this module on its own and uses only part of it.
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -81,6 +84,23 @@ pub fn wait_dead(serve: &mut Serve) {
         assert!(Instant::now() < deadline, "braid serve outlived SIGKILL");
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// The host dies: the server stops on the spot (SIGSTOP: nothing more
+/// reaches the disk or the wire), the power goes keeping each dirty sector
+/// with probability `keep`, then the process is gone and power is back.
+pub fn power_cut(
+    serve: &mut Serve,
+    pc: &braid_powercut::PowerCut,
+    keep: f64,
+    seed: u64,
+) -> braid_powercut::Cut {
+    crate::common::signal(serve.pid(), libc::SIGSTOP);
+    let cut = pc.power_off(keep, seed);
+    crate::common::signal(serve.pid(), libc::SIGKILL);
+    wait_dead(serve);
+    pc.power_on();
+    cut
 }
 
 /// What a whole run saw.

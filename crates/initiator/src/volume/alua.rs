@@ -84,7 +84,7 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
                         for a in p.attentions {
                             // This poll reads the state itself.
                             if a != Attention::AccessChanged {
-                                heard(&shared, a);
+                                heard(&shared, path, a);
                             }
                         }
                         p.access
@@ -125,15 +125,20 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
 }
 
 /// What a unit attention on any session of the volume means for it.
-pub(super) fn heard(shared: &Arc<Shared>, attention: Attention) {
+pub(super) fn heard(shared: &Arc<Shared>, path: PathId, attention: Attention) {
     match attention {
         Attention::Reset => {
             let mut core = shared.lock();
             if shared.closed() {
                 return;
             }
-            core.target_restarted(shared.now(), "a unit attention told of a reset (29h)");
+            let how = "a live session was told of a power on or reset (29h)";
+            core.engine.restart_signalled(shared.now(), path, how);
             core.act(shared);
+        }
+        Attention::LuReset => {
+            // Another initiator's reset (29/03) aborts tasks but loses no
+            // acknowledged write: nothing to replay.
         }
         Attention::AccessChanged => refresh_all(shared),
         Attention::NexusLoss => {}

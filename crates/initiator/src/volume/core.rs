@@ -10,12 +10,12 @@ use braid_proto::reply::BlockStatus;
 use braid_proto::{CmdFlags, Cookie, Errno};
 use bytes::Bytes;
 use tokio::sync::oneshot;
-use tracing::{info, warn, Instrument};
+use tracing::Instrument;
 
 use super::link::Link;
 use crate::conn::Sink;
 use crate::discover::PathSpec;
-use crate::engine::{Action, ChunkInfo, Engine, Event, IoError, Op, PathId, ReqId};
+use crate::engine::{Action, ChunkInfo, Engine, IoError, Op, PathId, ReqId};
 
 use super::recover;
 
@@ -32,16 +32,12 @@ pub struct Done {
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub op: Op,
-    pub offset: u64,
     pub len: u64,
-    pub flags: CmdFlags,
-    pub write: Option<Bytes>,
     pub done: Done,
+    /// The chunk each of `done.data`'s pieces came in on, so that what a
+    /// chunk brought can be dropped when it is read again.
+    pub sources: Vec<u64>,
     pub tx: Option<oneshot::Sender<Result<Done, IoError>>>,
-    /// A write the driver sends again to a restarted target (no caller).
-    pub replay: bool,
-    /// For a FLUSH: the replay window's mark when it was sent.
-    pub flush_mark: u64,
 }
 
 pub(crate) struct PathIo {
@@ -65,7 +61,6 @@ pub(crate) struct Core {
     /// Bytes of READ data received per chunk, to catch short replies.
     pub received: HashMap<u64, u64>,
     pub warned_no_fencing: bool,
-    pub replay: super::replay::ReplayState,
     /// `volume{export}`: what the volume's own log lines run in.
     pub span: tracing::Span,
 }
@@ -101,15 +96,8 @@ impl Core {
     pub fn act(&mut self, shared: &Arc<Shared>) {
         while let Some(action) = self.engine.poll_action() {
             match action {
-                Action::Send(s) => {
-                    let payload = match (s.op, s.req) {
-                        (Op::Write, Some(req)) => self.reqs.get(&req.0).and_then(|p| {
-                            let data = p.write.as_ref()?;
-                            let start = s.req_offset as usize;
-                            Some(data.slice(start..start + s.len as usize))
-                        }),
-                        _ => None,
-                    };
+                Action::Send(mut s) => {
+                    let payload = s.payload.take();
                     let sent = self.paths[s.path.0]
                         .conns
                         .get(s.conn)
@@ -120,7 +108,7 @@ impl Core {
                         self.engine.path_failed(now, s.path, "connection gone");
                     }
                 }
-                Action::Complete { req, result } => self.complete(shared.now(), req, result),
+                Action::Complete { req, result } => self.complete(req, result),
                 Action::Close { path } => {
                     let p = &mut self.paths[path.0];
                     p.generation += 1;
@@ -153,47 +141,21 @@ impl Core {
                     }
                 }
                 Action::Reconnect { .. } => {}
+                Action::Forget { req, cookie } => {
+                    if let Some(p) = self.reqs.get_mut(&req.0) {
+                        forget(p, cookie.0);
+                    }
+                    self.received.remove(&cookie.0);
+                }
                 Action::Event(ev) => self.log(ev),
             }
         }
     }
 
-    /// Hands a request to the engine, or, while a replay is under way,
-    /// keeps it until the replay is done (nothing new may land before the
-    /// restarted target has the acknowledged writes back).
-    pub fn start(&mut self, now: Duration, submit: crate::engine::Submit, mut p: Pending) {
-        if self.replay.replaying > 0 {
-            self.replay.deferred.push_back((submit, p));
-            return;
-        }
-        if p.op == Op::Flush {
-            p.flush_mark = self.replay.window.mark();
-        }
-        let id = self.engine.submit(now, submit);
-        self.reqs.insert(id.0, p);
-    }
-
-    fn complete(&mut self, now: Duration, req: ReqId, result: Result<(), IoError>) {
+    fn complete(&mut self, req: ReqId, result: Result<(), IoError>) {
         let Some(mut p) = self.reqs.remove(&req.0) else {
             return;
         };
-        if p.replay {
-            self.replayed(now, result.is_ok());
-            return;
-        }
-        if self.replay.redo_flush.remove(&req.0) {
-            // Sent before the restart was seen: its answer covers nothing
-            // of the replay. Asked again, after it.
-            let submit = crate::engine::Submit {
-                op: Op::Flush,
-                offset: 0,
-                len: 0,
-                flags: p.flags,
-            };
-            self.start(now, submit, p);
-            return;
-        }
-        let result = self.account(&p, result);
         let result = result.and_then(|()| {
             let done = std::mem::take(&mut p.done);
             if p.op == Op::Read {
@@ -205,70 +167,6 @@ impl Core {
         if let Some(tx) = p.tx.take() {
             let _ = tx.send(result);
         }
-    }
-
-    /// One line per event, in the span of the path it is about (inside
-    /// the volume's), so the text need not name either.
-    fn log(&mut self, ev: Event) {
-        let span = match &ev {
-            Event::PathFailed { path, .. }
-            | Event::Fenced { path, .. }
-            | Event::PathRestored { path } => self.paths[path.0].span.clone(),
-            Event::NoPathTimeout { .. } => self.span.clone(),
-        };
-        let _entered = span.enter();
-        match ev {
-            Event::PathFailed {
-                path,
-                reason,
-                resent,
-                held,
-                queued,
-            } => {
-                let mut parts = Vec::new();
-                for (to, n) in &resent {
-                    parts.push(format!("{n} requests re-sent on path {}", to.0 + 1));
-                }
-                if held > 0 {
-                    parts.push(format!("{held} writes held until the target fences it"));
-                }
-                if queued > 0 {
-                    parts.push(format!("{queued} waiting for a path"));
-                }
-                let tail = if parts.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {}", parts.join(", "))
-                };
-                warn!("failed: {reason}{tail}");
-                if held == 0
-                    && !self.warned_no_fencing
-                    && !resent.is_empty()
-                    && !self.engine_fences(path)
-                {
-                    self.warned_no_fencing = true;
-                    warn!(
-                        "the target does not fence (x-braid:fence): writes of a failed path are \
-                         re-sent once its connections are closed, which a plain NBD server \
-                         cannot guarantee to be final"
-                    );
-                }
-            }
-            Event::Fenced { fence, resent, .. } => {
-                let n: usize = resent.iter().map(|(_, n)| n).sum();
-                info!(fence = fence.0, "fenced by the target; {n} writes re-sent");
-            }
-            Event::PathRestored { .. } => {
-                info!("restored");
-            }
-            Event::NoPathTimeout { failed } => {
-                warn!("no path for longer than the no-path timeout: {failed} requests failed with EIO");
-            }
-        }
-    }
-
-    fn engine_fences(&self, path: PathId) -> bool {
-        self.engine.path_report(path, Duration::ZERO).fencing
     }
 }
 
@@ -351,6 +249,14 @@ pub(super) fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: 
     };
     *core.received.entry(cookie.0).or_default() += data.len() as u64;
     p.done.data.push((at, data));
+    p.sources.push(cookie.0);
+}
+
+/// Drops what chunk `cookie` brought to a read: the piece is read again.
+fn forget(p: &mut Pending, cookie: u64) {
+    let mut keep = p.sources.iter().map(|&c| c != cookie);
+    p.done.data.retain(|_| keep.next().unwrap_or(true));
+    p.sources.retain(|&c| c != cookie);
 }
 
 /// Hands the end of `cookie`'s reply to the engine and carries out what
@@ -446,24 +352,28 @@ pub(crate) async fn submit(
     {
         let mut core = shared.lock();
         let now = shared.now();
+        let payload = write.map(|data| {
+            // Writes come in pooled buffers of the next size class: the
+            // replay window counts what its slices keep alive.
+            let pinned = braid_pool::Pool::pinned(data.len());
+            crate::engine::Payload { data, pinned }
+        });
         let submit = crate::engine::Submit {
             op,
             offset,
             len,
             flags,
+            payload,
         };
         let pending = Pending {
             op,
-            offset,
             len,
-            flags,
-            write,
             done: Done::default(),
+            sources: Vec::new(),
             tx: Some(tx),
-            replay: false,
-            flush_mark: 0,
         };
-        core.start(now, submit, pending);
+        let id = core.engine.submit(now, submit);
+        core.reqs.insert(id.0, pending);
         core.act(shared);
     }
     rx.await.unwrap_or_else(|_| {
@@ -521,7 +431,7 @@ mod tests {
                 );
             }
             while engine.poll_action().is_some() {}
-            let id = engine.submit(Duration::ZERO, Submit { op: Op::Read, offset, len, flags: CmdFlags(0) });
+            let id = engine.submit(Duration::ZERO, Submit::new(Op::Read, offset, len, CmdFlags(0)));
             let mut sends = Vec::new();
             while let Some(a) = engine.poll_action() {
                 if let Action::Send(s) = a { sends.push(s) }

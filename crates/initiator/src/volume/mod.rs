@@ -9,13 +9,13 @@
 mod admin;
 mod alua;
 mod core;
+mod events;
 mod keys;
 mod link;
 mod open;
 mod open_iscsi;
 mod plan;
 mod recover;
-mod replay;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,12 @@ pub struct VolumeConfig {
     pub timeout_ceiling: Duration,
     /// How long I/O waits when no path works; `None` waits forever.
     pub no_path_timeout: Option<Duration>,
+    /// How long a busy path whose connection still answers may go without
+    /// a reply before it is failed: four times the slowest reply it has
+    /// given, within these bounds (a FLUSH over a large dirty cache can
+    /// take minutes; a higher bound waits longer on a target that hangs).
+    pub slow_reply_min: Duration,
+    pub slow_reply_max: Duration,
     pub connect_timeout: Duration,
     /// Chunk size for splitting large requests (policies other than
     /// `adaptive`, which sizes chunks itself).
@@ -75,8 +81,9 @@ pub struct VolumeConfig {
     pub danger_no_fence: bool,
     /// TLS for every connection (required by `nbds://` URIs).
     pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
-    /// Bytes of writes acknowledged since the last FLUSH kept to give a
-    /// restarted target again (see `replay.rs`).
+    /// Memory the replay window may hold: writes acknowledged since the
+    /// last FLUSH, kept to give a restarted target again (see the engine's
+    /// `window.rs`).
     pub replay_window: u64,
     /// iSCSI: the initiator name to log in as (default: this host's
     /// open-iscsi name, or one made of its host name).
@@ -102,11 +109,13 @@ impl VolumeConfig {
             timeout_floor: engine.timeout_floor,
             timeout_ceiling: engine.timeout_ceiling,
             no_path_timeout: engine.no_path_timeout,
+            slow_reply_min: engine.slow_reply_min,
+            slow_reply_max: engine.slow_reply_max,
             connect_timeout: Duration::from_secs(5),
             chunk: None,
             danger_no_fence: false,
             tls: None,
-            replay_window: 256 << 20,
+            replay_window: engine.replay_window,
             initiator_name: None,
             chap: None,
             persistent_reservations: false,
@@ -174,21 +183,39 @@ pub struct PathFigures {
     pub figures: PathReport,
 }
 
-/// The replay window's state (see `replay.rs`).
+/// The replay window's state and the loss state (see the engine's
+/// `restart.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayReport {
-    /// The target says which process answers (`x-braid:instance`), so a
-    /// restart is seen and replayed; a plain NBD server does not.
+    /// The target says which process answers (`x-braid:instance`, braid's
+    /// VPD page) or tells new sessions of a power on, so a restart is seen
+    /// and replayed; a plain NBD server does neither.
     pub available: bool,
     /// Bytes acknowledged since the last FLUSH and kept for replay.
     pub window_bytes: u64,
-    /// More was acknowledged since the last FLUSH than the window holds.
+    /// Memory they hold (the buffers they keep alive), and its bound.
+    pub window_pinned: u64,
+    pub window_limit: u64,
+    /// Acknowledged writes were let go to stay within the bound and no
+    /// FLUSH has covered them yet.
     pub overflowed: bool,
-    /// Times a restarted target was given the window again.
+    /// Restarts of the target seen, each replayed.
     pub replays: u64,
-    /// FLUSHes failed because a restarted target may have lost writes that
-    /// could not be given back.
+    /// A replay is under way: new requests wait for it.
+    pub replaying: bool,
+    /// The last replay's bytes and how long it took.
+    pub last_replay: Option<(u64, Duration)>,
+    /// Acknowledged writes may be gone: every FLUSH and FUA write fails.
+    pub lost: Option<Loss>,
+    /// FLUSHes and FUA writes failed because of a loss.
     pub lost_flushes: u64,
+}
+
+/// A loss of acknowledged writes: when it was found, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loss {
+    pub since: std::time::SystemTime,
+    pub cause: String,
 }
 
 /// A snapshot of the volume's figures.
@@ -398,15 +425,47 @@ impl Volume {
             policy: core.engine.policy_name().to_owned(),
             paths,
             counters: core.engine.volume_counters().clone(),
-            replay: ReplayReport {
-                available: core.replay.available,
-                window_bytes: core.replay.window.bytes(),
-                overflowed: core.replay.window.overflowed(),
-                replays: core.replay.replays,
-                lost_flushes: core.replay.lost_flushes,
-            },
+            replay: self.replay_report(&core),
             uptime: now,
         }
+    }
+
+    fn replay_report(&self, core: &self::core::Core) -> ReplayReport {
+        let r = core.engine.replay_report();
+        ReplayReport {
+            available: r.available,
+            window_bytes: r.window_bytes,
+            window_pinned: r.window_pinned,
+            window_limit: r.window_limit,
+            overflowed: r.overflowed,
+            replays: r.restarts,
+            replaying: r.replaying,
+            last_replay: r.last_replay,
+            lost: r.lost.map(|(at, cause)| self.loss(at, cause)),
+            lost_flushes: r.lost_flushes,
+        }
+    }
+
+    fn loss(&self, at: Duration, cause: String) -> Loss {
+        let ago = self.shared.now().saturating_sub(at);
+        Loss {
+            since: std::time::SystemTime::now() - ago,
+            cause,
+        }
+    }
+
+    /// Clears a loss of acknowledged writes (the operator has dealt with
+    /// it: restored from a backup, checked the file system): FLUSH and FUA
+    /// writes succeed again. Returns the loss cleared, if there was one.
+    pub fn clear_loss(&self) -> Option<Loss> {
+        let mut core = self.shared.lock();
+        let cleared = core.engine.clear_loss();
+        drop(core);
+        let loss = cleared.map(|(at, cause)| self.loss(at, cause));
+        if let Some(l) = &loss {
+            tracing::warn!(cause = %l.cause, "loss of acknowledged writes cleared by the operator");
+        }
+        loss
     }
 
     /// Disconnects every connection cleanly (NBD_CMD_DISC), bounded in time.

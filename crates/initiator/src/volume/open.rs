@@ -10,7 +10,7 @@ use tracing::{info, warn, Instrument};
 
 use super::admin::path_configs;
 use super::core::{Core, PathIo, Shared};
-use super::{recover, replay, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
+use super::{recover, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
 use crate::conn::ConnectError;
 use crate::discover::{Expect, PathSpec};
 use crate::engine::{Engine, EngineConfig, PathConfig, PathId};
@@ -23,7 +23,8 @@ pub(super) struct Plan {
     pub policy: Box<dyn Policy>,
     pub engine: EngineConfig,
     pub settings: Settings,
-    pub replay: replay::ReplayState,
+    /// The target's instance, where discovery learnt it.
+    pub instance: Option<u128>,
     /// `paths` and `block_status` are filled in by [`start`].
     pub info: VolumeInfo,
 }
@@ -58,6 +59,9 @@ pub(super) fn engine_config(
         timeout_floor: cfg.timeout_floor,
         timeout_ceiling: cfg.timeout_ceiling.max(cfg.timeout_floor),
         no_path_timeout: cfg.no_path_timeout,
+        slow_reply_min: cfg.slow_reply_min,
+        slow_reply_max: cfg.slow_reply_max.max(cfg.slow_reply_min),
+        replay_window: cfg.replay_window,
         ..EngineConfig::default()
     }
 }
@@ -75,11 +79,14 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
         policy,
         engine,
         settings,
-        replay,
+        instance,
         mut info,
     } = plan;
     let epoch = Instant::now();
     let mut engine = Engine::new(engine, policy);
+    if let Some(id) = instance {
+        engine.instance_seen(Duration::ZERO, id);
+    }
     let mut paths = Vec::new();
     for (i, (spec, config)) in specs.iter().zip(configs).enumerate() {
         engine.add_path(config, Duration::ZERO);
@@ -99,7 +106,6 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
             paths,
             received: Default::default(),
             warned_no_fencing: false,
-            replay,
             span: span.clone(),
         }),
         epoch,
@@ -235,12 +241,7 @@ pub(super) async fn nbd(
         configs,
         policy,
         settings,
-        replay: replay::ReplayState {
-            window: replay::ReplayWindow::new(cfg.replay_window),
-            instance: d.instance,
-            available: d.instance.is_some(),
-            ..Default::default()
-        },
+        instance: d.instance.map(|i| i.0),
         info: VolumeInfo {
             export: uri.export.clone(),
             size: export.size,

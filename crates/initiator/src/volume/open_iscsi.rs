@@ -29,10 +29,10 @@ use super::core::{finish, place, ConnSink, Shared};
 use super::keys::Keys;
 use super::link::Link;
 use super::open::{engine_config, policy, split_rules, start, Plan};
-use super::{replay, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
+use super::{OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
 use crate::conn::ConnectError;
 use crate::discover::{self, PathSpec};
-use crate::engine::{Access, PathId};
+use crate::engine::{Access, Instance, PathId};
 use crate::iscsi::{self, IscsiUri, Opened, SessionConfig};
 use crate::uri::Endpoint;
 
@@ -240,11 +240,7 @@ pub(super) async fn open(
         configs,
         policy,
         settings,
-        replay: replay::ReplayState {
-            window: replay::ReplayWindow::new(cfg.replay_window),
-            available: true,
-            ..Default::default()
-        },
+        instance: None,
         info: VolumeInfo {
             export: uri.target.clone(),
             size: capacity.bytes(),
@@ -454,12 +450,18 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
         return;
     }
     let now = shared.now();
-    if o.reset_seen && !opening {
-        core.target_restarted(
-            now,
-            "a new session was told of a reset (unit attention 29h)",
-        );
-    }
+    // A session's first command is told of a power on the first time its
+    // initiator port meets the target after a start: at open that says
+    // only that the target tells of restarts; later, that it may have
+    // restarted (the engine decides whether this is a restart it knows).
+    let instance = if !o.reset_seen {
+        Instance::Unknown
+    } else if opening {
+        core.engine.restarts_told();
+        Instance::Unknown
+    } else {
+        Instance::ResetSeen
+    };
     let generation = core.paths[path.0].generation + 1;
     let id = conn_id(o.conn.logged_in.isid);
     let conn = Arc::new(o.conn);
@@ -485,7 +487,7 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
     p.conns = vec![Some(Link::Iscsi(conn))];
     p.allocation = vec![None];
     core.engine
-        .path_up(now, path, vec![Some(id)], shared.settings.fencing);
+        .path_up_with(now, path, vec![Some(id)], shared.settings.fencing, instance);
     let state = access(o.access);
     core.engine.set_access(now, path, state);
     core.act(shared);
@@ -520,7 +522,7 @@ impl iscsi::Replies for ConnSink {
     fn attention(&self, attention: Attention) {
         // From the path's current session only.
         if let Some(shared) = self.with_core(|shared, _| shared.clone()) {
-            heard(&shared, attention);
+            heard(&shared, self.path, attention);
         }
     }
 

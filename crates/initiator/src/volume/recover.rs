@@ -11,7 +11,7 @@ use tracing::{debug, info};
 
 use crate::conn::{self, ConnectError};
 use crate::discover;
-use crate::engine::{FenceId, PathId};
+use crate::engine::{FenceId, Instance, PathId};
 
 use super::core::{ConnSink, Shared};
 use super::link::Link;
@@ -144,12 +144,12 @@ fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
     let mut handles = Vec::new();
     let mut ids = Vec::new();
     let mut allocation = Vec::new();
-    let now = shared.now();
     // Before the path carries anything: a restarted target gets the
-    // writes it may have lost first.
-    for c in &conns {
-        core.saw_instance(now, c.instance);
-    }
+    // writes it may have lost first (the engine compares instances).
+    let instance = conns
+        .iter()
+        .find_map(|c| c.instance)
+        .map_or(Instance::Unknown, |i| Instance::Known(i.0));
     for c in conns {
         let sink = Arc::new(ConnSink {
             shared: Arc::downgrade(shared),
@@ -171,7 +171,7 @@ fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
     p.allocation = allocation;
     let fencing = settings.fencing && ids.iter().all(Option::is_some);
     let now = shared.now();
-    core.engine.path_up(now, path, ids, fencing);
+    core.engine.path_up_with(now, path, ids, fencing, instance);
     core.act(shared);
 }
 
@@ -269,6 +269,7 @@ async fn fence_via(
         // checks it by the token.
         list_queries: vec![
             BraidContext::Session(expect.session).name(),
+            "x-braid:instance".into(),
             BraidContext::Fence(conns.to_vec()).name(),
         ],
         finish: Finish::Abort,
@@ -277,6 +278,22 @@ async fn fence_via(
     // The target answers only once the fence is complete: allow it time.
     let tls = expect.tls.as_ref();
     let n = conn::negotiate(stream, cfg, &spec.portal.to_string(), timeout * 6, tls).await?;
+    let instance = n
+        .outcome
+        .listed
+        .iter()
+        .find_map(|name| match BraidContext::parse(name) {
+            Some(BraidContext::Instance(Some(i))) => Some(i),
+            _ => None,
+        });
+    if let Some(i) = instance {
+        // Another process than the one that made the failed connections
+        // (a restart): it cannot fence them, and need not, as they went
+        // with the old one. The engine decides.
+        let mut core = shared.lock();
+        core.engine.instance_seen(shared.now(), i.0);
+        core.act(shared);
+    }
     if braid_ns::confirms_fence(&n.outcome.listed, conns) {
         Ok(())
     } else {

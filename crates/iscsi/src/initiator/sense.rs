@@ -81,7 +81,9 @@ impl SenseData {
             // A unit attention says the command was not executed because
             // something changed: it is sent again, and the change noted.
             (key::UNIT_ATTENTION, 0x29, 0x07) => Verdict::Attention(Attention::NexusLoss),
-            (key::UNIT_ATTENTION, 0x29, _) => Verdict::Attention(Attention::Reset),
+            (key::UNIT_ATTENTION, 0x29, 0x03) => Verdict::Attention(Attention::LuReset),
+            (key::UNIT_ATTENTION, 0x29, 0x00..=0x04) => Verdict::Attention(Attention::Reset),
+            (key::UNIT_ATTENTION, 0x29, _) => Verdict::Attention(Attention::Other),
             (key::UNIT_ATTENTION, 0x2a, 0x06) => Verdict::Attention(Attention::AccessChanged),
             (key::UNIT_ATTENTION, 0x2a, 0x09) => Verdict::Attention(Attention::CapacityChanged),
             (key::UNIT_ATTENTION, 0x2a, 0x03..=0x05) => Verdict::Attention(Attention::Reservations),
@@ -123,9 +125,14 @@ pub enum Verdict {
 /// The change a unit attention announces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Attention {
-    /// POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00-06): the unit
-    /// may have lost what its volatile cache held.
+    /// POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00), POWER ON
+    /// (29/01), SCSI BUS RESET (29/02), DEVICE INTERNAL RESET (29/04): the
+    /// unit may have lost what its volatile cache held.
     Reset,
+    /// BUS DEVICE RESET FUNCTION OCCURRED (29/03): a logical unit or target
+    /// reset (another initiator's task management). Tasks were aborted;
+    /// nothing acknowledged was lost.
+    LuReset,
     /// I_T NEXUS LOSS OCCURRED (29/07): this initiator's nexus was lost
     /// (a session ended), nothing more.
     NexusLoss,
@@ -179,6 +186,9 @@ mod tests {
         let v = |key, asc, ascq| SenseData { key, asc, ascq }.verdict();
         assert_eq!(v(6, 0x29, 0x00), Verdict::Attention(Attention::Reset));
         assert_eq!(v(6, 0x29, 0x07), Verdict::Attention(Attention::NexusLoss));
+        assert_eq!(v(6, 0x29, 0x01), Verdict::Attention(Attention::Reset));
+        assert_eq!(v(6, 0x29, 0x03), Verdict::Attention(Attention::LuReset));
+        assert_eq!(v(6, 0x29, 0x05), Verdict::Attention(Attention::Other));
         assert_eq!(v(6, 0x3f, 0x0e), Verdict::Attention(Attention::LunsChanged));
         assert_eq!(v(2, 0x04, 0x0a), Verdict::Transitioning);
         assert_eq!(v(2, 0x04, 0x0b), Verdict::Standby);

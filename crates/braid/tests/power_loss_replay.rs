@@ -1,0 +1,331 @@
+//! An open volume across power cuts of `braid serve`: the server's file is
+//! on `braid-powercut` (a FUSE file system that forgets what was never
+//! synced), the host is cut five times under a verified load and comes
+//! back, and the initiator's replay window gives each restarted server
+//! every write it had acknowledged and not made durable, before anything
+//! else. Nothing acknowledged is lost, and no read ever returns data older
+//! than an acknowledged write.
+//!
+//! The loads are the shapes real clients use: 1 MiB writes (a kernel's
+//! writeback through `braid attach`), mixed sizes from 4 KiB to 1 MiB over
+//! two paths with reads and WRITE_ZEROES among them, and 4 KiB writes. A
+//! write of more than 64 KiB goes to the server in pieces, so a cut lands
+//! between the pieces of some write almost every time: the old server
+//! acknowledged some of them, the new one never saw them.
+//!
+//! Mounting needs root.
+
+mod common;
+mod crashkit;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use braid_initiator::Volume;
+use braid_powercut::PowerCut;
+use bytes::{Bytes, BytesMut};
+use common::{free_port, need_root};
+use crashkit::{block_data, decode_sector, power_cut, BLOCK, SECTOR, WAIT};
+use rand::{Rng, SeedableRng};
+
+/// Bound on each whole test.
+const WHOLE_TEST: Duration = Duration::from_secs(120);
+const WORKERS: u64 = 4;
+const CUTS: usize = 5;
+
+/// What a run writes and over what.
+struct Load {
+    /// Write sizes in 4 KiB blocks, picked at random.
+    sizes: &'static [u64],
+    /// Portals of the server, each a path.
+    paths: usize,
+    /// One request in five is a read of the worker's own blocks, checked.
+    reads: bool,
+    /// One request in eight zeroes a range (WRITE_ZEROES).
+    zeroes: bool,
+    /// The volume, in blocks: a region per worker.
+    blocks: u64,
+}
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_volume_loses_nothing_across_power_cuts() {
+    if !need_root() {
+        return;
+    }
+    let load = Load {
+        sizes: &[1],
+        paths: 1,
+        reads: false,
+        zeroes: false,
+        blocks: 256,
+    };
+    bounded(run(load, "4 KiB writes")).await;
+}
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mib_writes_lose_nothing_across_power_cuts() {
+    if !need_root() {
+        return;
+    }
+    let load = Load {
+        sizes: &[256],
+        paths: 1,
+        reads: true,
+        zeroes: false,
+        blocks: 4096,
+    };
+    bounded(run(load, "1 MiB writes, one path")).await;
+}
+
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_sizes_reads_and_zeroes_over_two_paths_lose_nothing_across_power_cuts() {
+    if !need_root() {
+        return;
+    }
+    let load = Load {
+        sizes: &[1, 2, 8, 16, 32, 64, 256],
+        paths: 2,
+        reads: true,
+        zeroes: true,
+        blocks: 4096,
+    };
+    bounded(run(load, "mixed sizes, two paths")).await;
+}
+
+async fn bounded(run: impl std::future::Future<Output = ()>) {
+    tokio::time::timeout(WHOLE_TEST, run)
+        .await
+        .expect("power-loss replay test bounded in time");
+}
+
+/// The last version of each block acknowledged (0: zeroes).
+type Acked = Arc<Mutex<HashMap<u64, u64>>>;
+
+async fn run(load: Load, name: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().expect("temporary dir");
+    let at = dir.path().join("mnt");
+    std::fs::create_dir(&at).expect("mount point");
+    let pc = PowerCut::mount(&at, "disk.img", load.blocks * BLOCK as u64)
+        .expect("mounting braid-powercut");
+    let state = dir.path().join("state");
+    let control = dir.path().join("ctl.sock");
+    let listens: Vec<String> = (0..load.paths)
+        .map(|i| format!("--listen=127.0.0.{}:{}", i + 1, free_port()))
+        .collect();
+    let start = || {
+        let extra: Vec<&str> = listens.iter().map(String::as_str).collect();
+        crashkit::start(pc.file(), &state, &control, &extra)
+    };
+    let seed = crashkit::seed(name);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+
+    let mut serve = start();
+    // Long enough to ride out every restart: no request may fail.
+    let vol = crashkit::open(&serve, Duration::from_secs(30)).await;
+    assert_eq!(vol.report().paths.len(), load.paths, "a path per portal");
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = Arc::new(load);
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..WORKERS {
+        let (vol, acked, stop, load) = (vol.clone(), acked.clone(), stop.clone(), load.clone());
+        let wseed = rng.gen();
+        tasks.spawn(async move { work(&vol, &load, worker, wseed, &acked, &stop).await });
+    }
+    {
+        let (vol, stop) = (vol.clone(), stop.clone());
+        tasks.spawn(async move {
+            while !stop.load(Ordering::Acquire) {
+                tokio::time::sleep(Duration::from_millis(40)).await;
+                bounded_io("FLUSH", vol.flush()).await?;
+            }
+            Ok(())
+        });
+    }
+
+    let mut lost = 0;
+    for n in 1..=CUTS {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(150..500))).await;
+        let cut = tokio::task::block_in_place(|| power_cut(&mut serve, &pc, 0.5, rng.gen()));
+        eprintln!(
+            "cut {n}: {} dirty sectors lost, {} kept",
+            cut.lost, cut.kept
+        );
+        lost += cut.lost;
+        drop(serve);
+        serve = tokio::task::block_in_place(start);
+    }
+    stop.store(true, Ordering::Release);
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined.expect("workload task") {
+            panic!("{e}; the server's log since the last cut:\n{}", serve.log());
+        }
+    }
+    assert!(lost > 0, "no cut dropped anything: nothing to replay");
+    bounded_io("final FLUSH", vol.flush())
+        .await
+        .expect("final FLUSH");
+    let replay = vol.report().replay;
+    tokio::time::timeout(WAIT, vol.close())
+        .await
+        .expect("close");
+    drop(vol);
+
+    // Only what is durable counts now: a last cut keeps nothing dirty.
+    let cut = tokio::task::block_in_place(|| power_cut(&mut serve, &pc, 0.0, 0));
+    drop(serve);
+    let serve = tokio::task::block_in_place(start);
+    let vol = crashkit::open(&serve, Duration::ZERO).await;
+    let acked = acked.lock().unwrap().clone();
+    let mut wrong = Vec::new();
+    let chunk = 256u64;
+    for first in (0..load.blocks).step_by(chunk as usize) {
+        let data = read(&vol, first, chunk).await.expect("reading back");
+        for (i, b) in (first..first + chunk).enumerate() {
+            let want = acked.get(&b).copied().unwrap_or(0);
+            if let Some(got) = block_version(b, &data[i * BLOCK..(i + 1) * BLOCK]) {
+                if got != want {
+                    wrong.push(format!("block {b}: v{got}, want v{want}"));
+                }
+            } else {
+                wrong.push(format!("block {b}: torn or foreign, want v{want}"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{name}: {} blocks are not the last acknowledged write (the last cut dropped {} dirty \
+         sectors; replay {:?}):\n  {}",
+        wrong.len(),
+        cut.lost,
+        replay,
+        wrong[..wrong.len().min(40)].join("\n  ")
+    );
+    assert!(
+        replay.replays >= CUTS as u64,
+        "{name}: every restart was replayed: {replay:?}"
+    );
+    tokio::time::timeout(WAIT, vol.close())
+        .await
+        .expect("close");
+}
+
+/// One worker: writes, zeroes and reads of its own region, one at a time;
+/// a read must see exactly what the worker last had acknowledged.
+async fn work(
+    vol: &Volume,
+    load: &Load,
+    worker: u64,
+    seed: u64,
+    acked: &Acked,
+    stop: &AtomicBool,
+) -> Result<(), String> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let region = load.blocks / WORKERS;
+    let base = worker * region;
+    let mut mine: HashMap<u64, u64> = HashMap::new();
+    let mut version = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let n = load.sizes[rng.gen_range(0..load.sizes.len())].min(region);
+        let first = base + rng.gen_range(0..=region - n) / n * n;
+        let blocks = first..first + n;
+        match rng.gen_range(0..40) {
+            0..=7 if load.reads => {
+                let data = read(vol, first, n).await?;
+                for (i, b) in blocks.enumerate() {
+                    let want = mine.get(&b).copied().unwrap_or(0);
+                    let got = block_version(b, &data[i * BLOCK..(i + 1) * BLOCK]);
+                    if got != Some(want) {
+                        return Err(format!(
+                            "worker {worker}: a read of block {b} saw {got:?}, the last write \
+                             acknowledged was v{want}"
+                        ));
+                    }
+                }
+            }
+            8..=12 if load.zeroes => {
+                let len = n * BLOCK as u64;
+                bounded_io(
+                    "WRITE_ZEROES",
+                    vol.write_zeroes(first * BLOCK as u64, len, false),
+                )
+                .await?;
+                record(&mut mine, acked, blocks, 0);
+            }
+            k => {
+                version += 1;
+                let v = version * WORKERS + worker;
+                let mut data = BytesMut::with_capacity(n as usize * BLOCK);
+                for b in blocks.clone() {
+                    data.extend_from_slice(&block_data(b, v));
+                }
+                let fua = k == 39;
+                bounded_io("write", vol.write(first * BLOCK as u64, data.freeze(), fua))
+                    .await
+                    .map_err(|e| format!("{e} (blocks {first}+{n}, v{v})"))?;
+                record(&mut mine, acked, blocks, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn record(mine: &mut HashMap<u64, u64>, acked: &Acked, blocks: std::ops::Range<u64>, v: u64) {
+    let mut all = acked.lock().unwrap();
+    for b in blocks {
+        mine.insert(b, v);
+        all.insert(b, v);
+    }
+}
+
+/// `n` blocks from `first`, contiguous.
+async fn read(vol: &Volume, first: u64, n: u64) -> Result<Bytes, String> {
+    let len = n * BLOCK as u64;
+    let pieces = bounded_io("read", vol.read(first * BLOCK as u64, len)).await?;
+    let mut out = vec![0u8; len as usize];
+    for (offset, bytes) in pieces {
+        out[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+    }
+    Ok(Bytes::from(out))
+}
+
+/// The version a block holds, if all its sectors agree.
+fn block_version(block: u64, data: &[u8]) -> Option<u64> {
+    let mut seen = None;
+    for (s, sector) in data.chunks(SECTOR).enumerate() {
+        let v = decode_sector(block, s, sector)?;
+        if seen.is_some_and(|x| x != v) {
+            return None;
+        }
+        seen = Some(v);
+    }
+    seen
+}
+
+async fn bounded_io<T, E: std::fmt::Display>(
+    what: &str,
+    io: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    tokio::time::timeout(WAIT * 4, io)
+        .await
+        .map_err(|_| format!("{what} did not end"))?
+        .map_err(|e| format!("{what} failed: {e}"))
+}
