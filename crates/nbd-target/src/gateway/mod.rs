@@ -30,6 +30,7 @@
 //! beside another gateway, and others refuse to start beside it.
 
 mod barrier;
+mod cache;
 mod fence;
 mod join;
 pub mod lease;

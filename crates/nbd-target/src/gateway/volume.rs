@@ -96,6 +96,7 @@ impl RbdVolume {
         if !read_only && features & braid_rbd::FEATURE_EXCLUSIVE_LOCK != 0 {
             return Err(exclusive_lock_refusal(spec, features));
         }
+        check_cache(&image, spec, ceph.caches())?;
         let size = image.size().map_err(|e| format!("{spec}: {e}"))?;
         let image_id = image.id().map_err(|e| format!("{spec}: {e}"))?;
         let identity = match identity {
@@ -183,6 +184,8 @@ impl RbdVolume {
             self.read_only,
         )
         .map_err(|e| format!("{}: {e}", self.spec))?;
+        // An override set while this gateway ran takes effect at this open.
+        check_cache(&image, &self.spec, self.ceph.caches())?;
         let id = image.id().map_err(|e| format!("{}: {e}", self.spec))?;
         if id != self.image_id {
             return Err(format!(
@@ -417,6 +420,16 @@ impl Peers for RbdVolume {
 
     fn admits(&self, id: ConnId) -> bool {
         self.ceph.admits(id)
+    }
+}
+
+/// Refuses an image that librbd opened with a cache the gateway did not
+/// ask for (`cache.rs`).
+fn check_cache(image: &Image, spec: &RbdSpec, wanted: bool) -> Result<(), String> {
+    let opts = image.config().map_err(|e| format!("{spec}: {e}"))?;
+    match super::cache::refusal(spec, &opts, wanted) {
+        Some(why) => Err(why),
+        None => Ok(()),
     }
 }
 
