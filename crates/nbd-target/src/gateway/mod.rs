@@ -35,6 +35,7 @@ mod fence;
 mod join;
 pub mod lease;
 mod volume;
+mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -176,12 +177,15 @@ impl Ceph {
         Ok(())
     }
 
-    /// Leaves every image's registry (after the last connection drained).
+    /// Leaves every image's registry (after the last connection drained,
+    /// or the drain gave up): once the image's writes in flight have
+    /// ended, within one lease, as renewals stop here.
     pub async fn stop(self: &Arc<Self>) {
         self.stopping.store(true, Ordering::SeqCst);
         self.serving.store(false, Ordering::SeqCst);
+        let limit = self.lease();
         for vol in self.writable() {
-            let _ = tokio::task::spawn_blocking(move || vol.leave()).await;
+            let _ = tokio::task::spawn_blocking(move || vol.leave(limit)).await;
         }
     }
 

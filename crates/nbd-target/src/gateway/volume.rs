@@ -10,6 +10,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::lease::{self, Entry, Observed};
+use super::writes::{InFlight, Writes};
 use super::Ceph;
 use crate::export::{PeerFence, Peers};
 use crate::source::RbdSpec;
@@ -32,6 +33,7 @@ pub struct RbdVolume {
     identity: Uuid,
     handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
+    writes: Arc<Writes>,
 }
 
 /// The open image of the current incarnation.
@@ -126,6 +128,7 @@ impl RbdVolume {
                 watch: None,
             }),
             lease: Mutex::new(LeaseState::default()),
+            writes: Arc::default(),
         });
         ceph.adopt(&vol);
         Ok(vol)
@@ -304,9 +307,22 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Removes this incarnation's record (a clean stop, once every
-    /// connection drained).
-    pub(crate) fn leave(&self) {
+    /// A clean stop, once every connection drained or the drain gave up:
+    /// refuses further writes, waits up to `limit` for the writes still in
+    /// flight to end, and only then removes this incarnation's record
+    /// (`writes.rs` says why). Writes that do not end leave it in place,
+    /// for the other gateways to fence this one.
+    pub(crate) fn leave(&self, limit: std::time::Duration) {
+        let left = self.writes.close_and_wait(limit);
+        if left > 0 {
+            warn!(
+                "{}: {left} write(s) still in flight after {limit:?}: this gateway keeps its \
+                 record in the image, so the other gateways fence it (blocklist) once its lease \
+                 runs out, and none of those writes can land after a client re-sent it elsewhere",
+                self.spec
+            );
+            return;
+        }
         let own = self.lease().own.take();
         if let Some(key) = own {
             if let Err(e) = self.image().metadata_remove(&key) {
@@ -315,6 +331,31 @@ impl RbdVolume {
             super::barrier::announce(&self.ioctx(), &self.image_id);
         }
         self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = None;
+    }
+
+    /// Counts a write in flight before it goes to librbd (and holds it
+    /// there under the test hook).
+    ///
+    /// # Errors
+    ///
+    /// `ESHUTDOWN` once the gateway is stopping: the connection closes
+    /// unanswered and the client sends the write elsewhere.
+    pub(crate) fn begin_write(&self) -> std::io::Result<InFlight> {
+        let w = self
+            .writes
+            .begin()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))?;
+        super::writes::hold_for_tests();
+        Ok(w)
+    }
+
+    /// [`Self::begin_write`] for a write started without a thread to wait
+    /// on: `None` when it must take the synchronous way.
+    pub(crate) fn begin_write_now(&self) -> Option<InFlight> {
+        if super::writes::holding_for_tests() {
+            return None;
+        }
+        self.writes.begin()
     }
 
     /// Other gateways' records seen alive at the last look.
