@@ -35,7 +35,7 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
                 e.addr,
                 e.host,
                 e.pid,
-                vol.spec,
+                vol.rbd_name(),
                 lease::key(e.tag)
             ));
         }

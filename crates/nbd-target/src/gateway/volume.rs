@@ -30,6 +30,8 @@ pub struct RbdVolume {
     /// The object map answers allocation without asking the OSDs.
     pub(crate) fast_diff: bool,
     pub(super) image_id: String,
+    /// What this image's gateway records name (`lease::Scope`).
+    pub(super) scope: lease::Scope,
     identity: Uuid,
     handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
@@ -101,11 +103,15 @@ impl RbdVolume {
         check_cache(&image, spec, ceph.caches())?;
         let size = image.size().map_err(|e| format!("{spec}: {e}"))?;
         let image_id = image.id().map_err(|e| format!("{spec}: {e}"))?;
+        let scope = lease::Scope {
+            fsid: inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?,
+            pool: io.pool_id(),
+            image: image_id.clone(),
+        };
         let identity = match identity {
             Some(id) => id,
             None => {
-                let fsid = inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?;
-                let mut name = format!("ceph:{fsid}/{}/{image_id}", io.pool_id());
+                let mut name = format!("ceph:{}/{}/{image_id}", scope.fsid, scope.pool);
                 if let Some(snap) = &spec.snap {
                     let id = image.snap_id(snap).map_err(|e| format!("{spec}: {e}"))?;
                     name.push_str(&format!("@{id}"));
@@ -121,6 +127,7 @@ impl RbdVolume {
             size,
             fast_diff: features & braid_rbd::FEATURE_FAST_DIFF != 0,
             image_id,
+            scope,
             identity,
             handle: RwLock::new(Handle {
                 io,
@@ -138,6 +145,11 @@ impl RbdVolume {
     /// image (from the cluster's fsid, the pool's and the image's ids).
     pub fn identity(&self) -> Uuid {
         self.identity
+    }
+
+    /// `POOL/IMAGE`, as the `rbd` command names the image.
+    pub(crate) fn rbd_name(&self) -> String {
+        format!("{}/{}", self.spec.pool, self.spec.image)
     }
 
     /// How the export is described to clients and in logs.
@@ -244,6 +256,7 @@ impl RbdVolume {
             let key = lease::key(inc.tag);
             let entry = Entry {
                 v: lease::VERSION,
+                scope: self.scope.clone(),
                 tag: inc.tag,
                 addr: inc.addr.clone(),
                 gid: inc.gid,
@@ -261,16 +274,37 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Reads the registry: remembers the live gateways, and returns the
-    /// records whose lease ran out.
+    /// Reads the registry: remembers the live gateways, removes records
+    /// copied from another image, and returns the records whose lease ran
+    /// out.
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
-        let listed = self.image().metadata_list(lease::PREFIX)?;
+        let image = self.image();
+        let listed = image.metadata_list(lease::PREFIX)?;
         let own = lease::key(self.ceph.current().tag);
         let now = self.ceph.clock();
-        let mut l = self.lease();
-        let view = l.observed.update(now, &own, &listed);
-        l.live.clone_from(&view.live);
+        let view = {
+            let mut l = self.lease();
+            let view = l.observed.update(now, &own, &self.scope, &listed);
+            l.live.clone_from(&view.live);
+            view
+        };
+        for key in &view.foreign {
+            self.remove_foreign(&image, key);
+        }
         Ok(view)
+    }
+
+    /// Removes a record that names another image's gateway (copied with
+    /// the image's metadata by a clone, copy or migration).
+    pub(super) fn remove_foreign(&self, image: &Image, key: &str) {
+        match image.metadata_remove(key) {
+            Ok(()) => info!(
+                "{}: removed {key}, a gateway record copied from another image (a clone, copy \
+                 or migration copies the metadata); its gateway serves that image, not this one",
+                self.spec
+            ),
+            Err(e) => warn!("{}: removing {key}, copied from another image: {e}", self.spec),
+        }
     }
 
     /// One lease period's work: renew, look, fence what expired.
@@ -290,7 +324,7 @@ impl RbdVolume {
                         e.addr,
                         e.host,
                         e.pid,
-                        self.spec,
+                        self.rbd_name(),
                         lease::key(e.tag)
                     );
                 }
