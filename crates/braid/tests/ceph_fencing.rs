@@ -7,7 +7,8 @@
 //! with a write of its own still in flight keeps its record until the
 //! write ended, so that the newer write a client sent elsewhere stays. A
 //! Ceph user that may not blocklist serves an image alone, and no gateway
-//! joins it.
+//! joins it; of two gateways that must serve alone and join at once, one
+//! serves.
 
 #![cfg(feature = "rbd")]
 
@@ -299,4 +300,56 @@ fn a_stopping_gateway_keeps_its_record_while_a_write_of_it_is_in_flight() {
         b.log()
     );
     assert!(!b_has_record(&img), "B's record went once its write ended");
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn of_two_gateways_that_must_serve_alone_joining_at_once_one_serves() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("alone2", "16M", Some("layering"));
+    let scratch = tempfile::tempdir().unwrap();
+    let pause = scratch.path().join("pause");
+    std::fs::write(&pause, b"").unwrap();
+    let pause_env = pause.display().to_string();
+    let env = [("BRAID_TEST_JOIN_PAUSE", pause_env.as_str())];
+    // With its cache on, a gateway serves its images alone.
+    let args = ["--rbd-cache", "--gateway-lease", "3"];
+    let mut gws = [
+        c.spawn_gateway(&img, &args, &env),
+        c.spawn_gateway(&img, &args, &env),
+    ];
+    // Both have read the registry, empty, and wait before writing their
+    // records: the two joins overlap.
+    cephkit::eventually(Duration::from_secs(30), "both joins paused", || {
+        gws.iter()
+            .all(|g| g.log().contains("TEST HOOK: join paused"))
+    });
+    std::fs::remove_file(&pause).unwrap();
+    let outcomes: Vec<cephkit::Outcome> = gws
+        .iter_mut()
+        .map(|g| g.outcome(Duration::from_secs(30)))
+        .collect();
+    let serving = outcomes
+        .iter()
+        .filter(|o| **o == cephkit::Outcome::Serving)
+        .count();
+    assert_eq!(
+        serving,
+        1,
+        "exactly one of them may serve the image alone:\nfirst:\n{}\nsecond:\n{}",
+        gws[0].log(),
+        gws[1].log()
+    );
+    let refused = outcomes
+        .iter()
+        .find_map(|o| match o {
+            cephkit::Outcome::Refused(log) => Some(log),
+            cephkit::Outcome::Serving => None,
+        })
+        .expect("the other refused");
+    assert!(refused.contains("serves this image alone"), "{refused}");
+    assert_eq!(img.gateways().len(), 1, "{:?}", img.gateways());
 }

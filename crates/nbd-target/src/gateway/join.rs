@@ -2,18 +2,118 @@
 //! serve alone, or one beside which this one may not), waiting out records
 //! whose gateways may be gone, watching the barrier object, and writing
 //! this incarnation's record.
+//!
+//! Reading the registry and then writing a record are two steps, and two
+//! gateways that join at once could each read a registry without the
+//! other and both serve, though one of them must serve alone. So every
+//! join counts itself on the barrier object (attribute `braid.joins`) with
+//! a compare-and-set of the count it read before it looked at the
+//! registry: of two joins that overlap, one finds the count changed, takes
+//! its record back and looks again, and then sees the other's record.
+//! (A join that completed before another looked has its record in what
+//! the other reads: it wrote it before it counted itself.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::volume::RbdVolume;
 use super::{barrier, fence, lease};
 
+/// The barrier object's attribute that counts joins.
+const JOINS: &str = "braid.joins";
+
+/// How many times a join that kept meeting other joins looks again.
+const ATTEMPTS: u32 = 10;
+
 /// Joins the registry of `vol`'s image: checks who else is there, watches
-/// the barrier object, writes this incarnation's record.
+/// the barrier object, writes this incarnation's record, and counts the
+/// join (retrying from the start if another join came between).
 pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), String> {
+    let io = vol.ioctx();
+    let oid = barrier::object(&vol.image_id);
+    let counting = |e: braid_rbd::Error| format!("{}: counting gateway joins: {e}", vol.spec);
+    let mut watching = false;
+    for attempt in 1..=ATTEMPTS {
+        let count = io.xattr(&oid, JOINS).map_err(counting)?;
+        settle(vol)?;
+        pause_for_tests();
+        if !watching {
+            vol.watch_barrier()?;
+            watching = true;
+        }
+        vol.renew(portals).map_err(|e| {
+            format!(
+                "{}: writing this gateway's record in the image: {e}",
+                vol.spec
+            )
+        })?;
+        if io
+            .xattr_compare_and_set(&oid, JOINS, &count, &next(&count))
+            .map_err(counting)?
+        {
+            barrier::announce(&io, &vol.image_id);
+            info!(
+                image = %vol.spec,
+                gateways = vol.live().len() + 1,
+                "joined the image's gateways"
+            );
+            return Ok(());
+        }
+        info!(
+            image = %vol.spec,
+            attempt,
+            "another gateway joined the image meanwhile: looking again"
+        );
+        vol.withdraw()
+            .map_err(|e| format!("{}: taking this gateway's record back: {e}", vol.spec))?;
+        // Apart, so that joins that keep meeting do not stay in step.
+        let ms = 50 + u64::from(uuid::Uuid::new_v4().as_u128() as u8);
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    Err(format!(
+        "{}: other gateways kept joining the image at the same moment ({ATTEMPTS} tries); start \
+         this one again",
+        vol.spec
+    ))
+}
+
+/// The join count after `count` (empty: none yet).
+fn next(count: &[u8]) -> Vec<u8> {
+    let n: u64 = std::str::from_utf8(count)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (n + 1).to_string().into_bytes()
+}
+
+/// Test hook: with `BRAID_TEST_JOIN_PAUSE=PATH` in a build with the
+/// `test-hooks` feature, a join that has read the registry (its RADOS
+/// client connected, its barrier watch not yet registered, its record not
+/// yet written) waits while PATH exists (at most two minutes), so that a
+/// test can start two joins at once, or fence while one is under way.
+fn pause_for_tests() {
+    if !cfg!(feature = "test-hooks") {
+        return;
+    }
+    let Some(path) = std::env::var_os("BRAID_TEST_JOIN_PAUSE").map(std::path::PathBuf::from) else {
+        return;
+    };
+    if !path.exists() {
+        return;
+    }
+    warn!(path = %path.display(), "TEST HOOK: join paused until the file is removed");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while path.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads the registry and settles who else is there: a gateway that must
+/// serve alone (or beside which this one must) stops the join, unless its
+/// record goes unrenewed, when it is fenced.
+fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
     let ceph = &vol.ceph;
     let first = vol
         .look()
@@ -97,18 +197,17 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
             }
         }
     }
-    vol.watch_barrier()?;
-    vol.renew(portals).map_err(|e| {
-        format!(
-            "{}: writing this gateway's record in the image: {e}",
-            vol.spec
-        )
-    })?;
-    barrier::announce(&vol.ioctx(), &vol.image_id);
-    info!(
-        image = %vol.spec,
-        gateways = vol.live().len() + 1,
-        "joined the image's gateways"
-    );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_join_count_starts_from_nothing_and_grows() {
+        assert_eq!(next(b""), b"1");
+        assert_eq!(next(b"41"), b"42");
+        assert_eq!(next(b"not a number"), b"1");
+    }
 }

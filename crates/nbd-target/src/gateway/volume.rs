@@ -274,6 +274,15 @@ impl RbdVolume {
         Ok(())
     }
 
+    /// Takes this incarnation's record back (a join that met another).
+    pub(crate) fn withdraw(&self) -> braid_rbd::Result<()> {
+        let own = self.lease().own.take();
+        match own {
+            Some(key) => self.image().metadata_remove(&key),
+            None => Ok(()),
+        }
+    }
+
     /// Reads the registry: remembers the live gateways, removes records
     /// copied from another image, and returns the records whose lease ran
     /// out.
@@ -303,7 +312,10 @@ impl RbdVolume {
                  or migration copies the metadata); its gateway serves that image, not this one",
                 self.spec
             ),
-            Err(e) => warn!("{}: removing {key}, copied from another image: {e}", self.spec),
+            Err(e) => warn!(
+                "{}: removing {key}, copied from another image: {e}",
+                self.spec
+            ),
         }
     }
 
