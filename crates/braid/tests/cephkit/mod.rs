@@ -41,6 +41,13 @@ pub fn ceph() -> Option<&'static Cluster> {
     available().then(cluster)
 }
 
+/// As [`ceph`], with an OSD that can be made to lag behind the monitor on
+/// OSD maps ([`Cluster::lag_maps`]); a test binary uses one kind or the
+/// other.
+pub fn ceph_lagging() -> Option<&'static Cluster> {
+    available().then(|| start(&["--map-lag"]))
+}
+
 /// Waits (bounded) until `f` holds.
 pub fn eventually(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + limit;
@@ -186,6 +193,60 @@ impl Cluster {
         };
         self.ok("rbd", &["pool", "init", &pool.name]);
         pool
+    }
+
+    /// Has the OSD hold every message from the monitor, OSD maps among
+    /// them, for a random time up to `max` (each in order), or no longer
+    /// (`Duration::ZERO`). Needs a cluster from [`ceph_lagging`].
+    pub fn lag_maps(&self, max: Duration) {
+        let (probability, secs) = if max.is_zero() {
+            ("0", "0".to_owned())
+        } else {
+            ("1", format!("{}", max.as_secs_f64()))
+        };
+        for (var, val) in [
+            ("ms_inject_delay_max", secs.as_str()),
+            ("ms_inject_delay_probability", probability),
+        ] {
+            let said = self.admin(
+                "osd.0",
+                &serde_json::json!({"prefix": "config set", "var": var, "val": [val]}),
+            );
+            assert!(said.contains("success"), "setting {var} on osd.0: {said}");
+        }
+    }
+
+    /// The newest OSD map epoch that the OSD has.
+    pub fn osd_epoch(&self) -> u64 {
+        let said = self.admin("osd.0", &serde_json::json!({"prefix": "status"}));
+        let v: serde_json::Value = serde_json::from_str(&said).expect("status is JSON");
+        v["newest_map"].as_u64().expect("newest_map")
+    }
+
+    /// The monitor's newest OSD map epoch.
+    pub fn mon_epoch(&self) -> u64 {
+        let out = self.ok("ceph", &["osd", "dump", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("osd dump is JSON");
+        v["epoch"].as_u64().expect("epoch")
+    }
+
+    /// One command to a daemon's admin socket (`ceph daemon NAME ...`
+    /// without the Python tool's start-up time): the JSON command, a NUL;
+    /// back a 32-bit big-endian length and the answer.
+    fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
+        use std::io::{Read, Write};
+        let path = self.dir.join("run").join(format!("ceph-{daemon}.asok"));
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut req = command.to_string().into_bytes();
+        req.push(0);
+        s.write_all(&req).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut answer).unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
     }
 
     /// A configuration file for this cluster with `lines` added to its

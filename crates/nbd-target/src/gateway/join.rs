@@ -12,6 +12,15 @@
 //! its record back and looks again, and then sees the other's record.
 //! (A join that completed before another looked has its record in what
 //! the other reads: it wrote it before it counted itself.)
+//!
+//! A gateway that joins while another fences a stale one may register its
+//! barrier watch after that fence's notification went out, so it is not
+//! made to fetch the OSD map that blocklists the stale gateway; and its
+//! RADOS client may have connected before that map. Its writes would then
+//! carry an older map epoch, and an OSD still behind on maps would apply
+//! them and after them the stale gateway's. So once its watch is
+//! registered (any later barrier reaches it) it fetches the newest map,
+//! and only then writes its record and serves.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,8 +37,9 @@ const JOINS: &str = "braid.joins";
 const ATTEMPTS: u32 = 10;
 
 /// Joins the registry of `vol`'s image: checks who else is there, watches
-/// the barrier object, writes this incarnation's record, and counts the
-/// join (retrying from the start if another join came between).
+/// the barrier object, fetches the newest OSD map, writes this
+/// incarnation's record, and counts the join (retrying from the start if
+/// another join came between).
 pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), String> {
     let io = vol.ioctx();
     let oid = barrier::object(&vol.image_id);
@@ -41,6 +51,11 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
         pause_for_tests();
         if !watching {
             vol.watch_barrier()?;
+            vol.ceph
+                .current()
+                .cluster
+                .wait_for_latest_osdmap()
+                .map_err(|e| format!("{}: {e}", vol.spec))?;
             watching = true;
         }
         vol.renew(portals).map_err(|e| {
