@@ -2,12 +2,15 @@
 //!
 //! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
 //! gateway of an image keeps a record in the image's metadata with its
-//! portals and its RADOS address, under a lease (`lease.rs`); every
-//! gateway answers `x-braid:portal` with the portals of every live
-//! gateway, so one URI gives an initiator every path through every
-//! gateway. The volume's identity comes from the cluster's fsid and the
-//! image's id, the same on every gateway, and so does its instance (an
-//! acknowledged write is in the cluster, whichever gateway took it).
+//! portals and its RADOS address, under a lease, naming the image it
+//! belongs to so that copies of the metadata are told apart (`lease.rs`).
+//! It joins with a compare-and-set, so that two joins at once cannot both
+//! find an empty registry (`join.rs`). Every gateway answers
+//! `x-braid:portal` with the portals of every live gateway, so one URI
+//! gives an initiator every path through every gateway. The volume's
+//! identity comes from the cluster's fsid and the image's id, the same on
+//! every gateway, and so does its instance (an acknowledged write is in
+//! the cluster, whichever gateway took it).
 //!
 //! A stale gateway (stalled, partitioned, or its lease run out) is fenced
 //! in Ceph itself: blocklisted, then every live gateway fetches the OSD
@@ -18,16 +21,21 @@
 //! new RADOS client with a new tag: a new incarnation, whose connection
 //! ids differ from the old one's. A gateway whose barrier watch went
 //! unconfirmed for a while (its process was stopped) fetches the newest
-//! OSD map before its next write, as a barrier may have passed it by.
+//! OSD map before its next write, as a barrier may have passed it by; a
+//! joining gateway fetches it once its watch is registered. A gateway that
+//! stops removes its record only once none of its writes is still in
+//! flight (`writes.rs`).
 //!
 //! Active/active needs three things of every gateway: no write cache
 //! (`rbd_cache = false`: an acknowledged write must be in the cluster, for
-//! other gateways to read it and for no gateway's death to lose it), an
-//! image without exclusive-lock (checked at open, `volume.rs`), and the
-//! capability to blocklist (`osd blocklist` in the user's mon caps, which
-//! `profile rbd` grants; probed at start). A gateway with the cache on or
-//! without the capability serves its images alone: it refuses to start
-//! beside another gateway, and others refuse to start beside it.
+//! other gateways to read it and for no gateway's death to lose it; read
+//! back after every open, as a pool's or an image's own setting overrides
+//! it, `cache.rs`), an image without exclusive-lock (checked at open,
+//! `volume.rs`), and the capability to blocklist (`osd blocklist` in the
+//! user's mon caps, which `profile rbd` grants; probed at start). A gateway
+//! with the cache on or without the capability serves its images alone: it
+//! refuses to start beside another gateway, and others refuse to start
+//! beside it.
 
 mod barrier;
 mod cache;
