@@ -3,9 +3,11 @@
 //! real clients and is checked against the cluster itself (`rbd export`,
 //! no gateway involved); small zeroed ranges read back as zeroes; block
 //! status sees holes; an acknowledged write survives the gateway's death
-//! (and, to show that check bites, is lost with librbd's cache on); an
-//! image with exclusive-lock is refused writable with the command that
-//! fixes it; a snapshot is served read-only.
+//! (and, to show that check bites, is lost with librbd's cache on); a
+//! cache turned on by the pool's or the image's own settings is refused
+//! with the command that turns it off for the image; an image with
+//! exclusive-lock is refused writable with the command that fixes it; a
+//! snapshot is served read-only.
 
 #![cfg(feature = "rbd")]
 
@@ -127,13 +129,23 @@ fn small_zeroed_ranges_read_back_as_zeroes_and_block_status_sees_holes() {
     assert_eq!(at(14 << 20), 3, "never written:\n{map}");
 }
 
-/// Writes 1 MiB through a gateway started with `extra`, kills the gateway
-/// (SIGKILL) as soon as the write is acknowledged (never flushed, no FUA),
-/// and says whether the cluster has it. With `flush_first`, a FLUSH goes
-/// before the write (librbd's cache writes through until it sees one).
+/// Writes 1 MiB through a gateway of a new image started with `extra`,
+/// kills the gateway (SIGKILL) as soon as the write is acknowledged (never
+/// flushed, no FUA), and says whether the cluster has it.
 fn acknowledged_write_survives_sigkill(c: &cephkit::Cluster, extra: &[&str], trial: u8) -> bool {
     let img = c.image("kill", "16M", Some("layering"));
-    let gw = c.gateway(&img, extra);
+    acknowledged_write_to_survives_sigkill(c, &img, extra, trial)
+}
+
+/// As [`acknowledged_write_survives_sigkill`], on `img`. A FLUSH goes
+/// before the write (librbd's cache writes through until it sees one).
+fn acknowledged_write_to_survives_sigkill(
+    c: &cephkit::Cluster,
+    img: &cephkit::Image,
+    extra: &[&str],
+    trial: u8,
+) -> bool {
+    let gw = c.gateway(img, extra);
     let pattern = format!("b'\\x{:02x}' * (1 << 20)", 0x40 + trial);
     let script = format!(
         "import sys, time\n\
@@ -200,6 +212,82 @@ fn an_acknowledged_write_is_in_the_cluster_when_its_gateway_is_killed() {
             "trial {trial}: with --rbd-cache a kill did not lose an unflushed write"
         );
     }
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_cache_turned_on_by_the_pool_or_the_image_is_refused_with_the_command_that_fixes_it() {
+    let Some(c) = cephkit::ceph() else { return };
+    if !common::tool("nbdsh") {
+        return;
+    }
+    // What librbd's cache does to acknowledged writes when a pool turns it
+    // on (as a pool of VM disks often does): held in the gateway's memory
+    // for a minute before they go to the cluster.
+    let pool = c.pool("cached");
+    for (option, value) in [
+        ("rbd_cache", "true"),
+        ("rbd_cache_policy", "writeback"),
+        ("rbd_cache_max_dirty_age", "60"),
+    ] {
+        c.ok("rbd", &["config", "pool", "set", &pool.name, option, value]);
+    }
+    let in_pool = c.image_in(&pool.name, "cached", "16M", Some("layering"));
+    let mut gw = c.spawn_gateway(&in_pool, &[], &[]);
+    let cephkit::Outcome::Refused(err) = gw.outcome(Duration::from_secs(60)) else {
+        panic!(
+            "a gateway served an image whose pool turns librbd's cache on:\n{}",
+            gw.log()
+        );
+    };
+    assert!(err.contains(&format!("set on pool {}", pool.name)), "{err}");
+    let fix = format!(
+        "rbd config image set {} rbd_cache false",
+        in_pool.rbd_name()
+    );
+    assert!(err.contains(&format!("`{fix}`")), "{err}");
+    // The image's own setting, in the shared pool.
+    let own = c.image("cached", "16M", Some("layering"));
+    c.ok(
+        "rbd",
+        &[
+            "config",
+            "image",
+            "set",
+            &own.rbd_name(),
+            "rbd_cache",
+            "true",
+        ],
+    );
+    let cephkit::Outcome::Refused(err) = c
+        .spawn_gateway(&own, &[], &[])
+        .outcome(Duration::from_secs(60))
+    else {
+        panic!("a gateway served an image whose own setting turns librbd's cache on");
+    };
+    assert!(err.contains("set on the image"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "`rbd config image set {} rbd_cache false`",
+            own.rbd_name()
+        )),
+        "{err}"
+    );
+    // The command it names makes the image servable, and then an
+    // acknowledged write is in the cluster when the gateway dies.
+    let args: Vec<&str> = fix.split_whitespace().skip(1).collect();
+    c.ok("rbd", &args);
+    assert!(
+        acknowledged_write_to_survives_sigkill(c, &in_pool, &[], 7),
+        "with the image's rbd_cache false, an acknowledged write was lost with the gateway"
+    );
 }
 
 #[cfg_attr(

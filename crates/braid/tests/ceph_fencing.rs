@@ -3,8 +3,12 @@
 //! fenced by a surviving gateway when the client fails over, and after
 //! SIGCONT the held write does not land over the newer one: the survivor
 //! blocklisted the stalled gateway's RADOS client (with that step removed,
-//! the same test sees the stale write land). A Ceph user that may not
-//! blocklist serves an image alone, and no gateway joins it.
+//! the same test sees the stale write land). A gateway that stops cleanly
+//! with a write of its own still in flight keeps its record until the
+//! write ended, so that the newer write a client sent elsewhere stays. A
+//! Ceph user that may not blocklist serves an image alone, and no gateway
+//! joins it; of two gateways that must serve alone and join at once, one
+//! serves.
 
 #![cfg(feature = "rbd")]
 
@@ -17,6 +21,33 @@ use std::time::{Duration, Instant};
 
 use braid_initiator::PathRule;
 use common::{output, signal, Serve};
+
+/// Waits until A lists B's portal, then opens the volume through A's URI
+/// with the failover policy, B first: every write goes to B while it works.
+async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiator::Volume> {
+    let uri = a.uri("vol");
+    let listed = format!("x-braid:portal={b_portal}");
+    tokio::task::spawn_blocking(move || {
+        cephkit::eventually(Duration::from_secs(20), "A announces B", || {
+            let out = common::run(common::cmd("nbdinfo").args(["--list", &uri]));
+            String::from_utf8_lossy(&out.stdout).contains(&listed)
+        });
+    })
+    .await
+    .unwrap();
+    let rules: Vec<PathRule> = [
+        format!("{b_portal},priority=0"),
+        format!("{},priority=1", a.addr()),
+    ]
+    .iter()
+    .map(|r| r.parse().unwrap())
+    .collect();
+    failkit::open(&a.uri("vol"), |cfg| {
+        cfg.policy = Some("failover".into());
+        cfg.paths = rules;
+    })
+    .await
+}
 
 /// Two gateways A and B; a client writes block 0 through B (version 1),
 /// B stalls (SIGSTOP) with version 2 of the block sent to it, the client
@@ -38,10 +69,6 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
     let watch = watch.display().to_string();
     let b = c.gateway(&img, &[&lease[..], &["--ceph-conf", &watch]].concat());
     let b_portal = b.addr().to_string();
-    cephkit::eventually(Duration::from_secs(20), "A announces B", || {
-        let out = common::run(common::cmd("nbdinfo").args(["--list", &a.uri("vol")]));
-        String::from_utf8_lossy(&out.stdout).contains(&format!("x-braid:portal={b_portal}"))
-    });
     let bs = 64 * 1024;
     let block = |v| failkit::block_data(0, v, bs);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -49,19 +76,7 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
         .build()
         .unwrap();
     rt.block_on(async {
-        // Failover policy, B first: every write goes to B while it works.
-        let rules: Vec<PathRule> = [
-            format!("{b_portal},priority=0"),
-            format!("{},priority=1", a.addr()),
-        ]
-        .iter()
-        .map(|r| r.parse().unwrap())
-        .collect();
-        let vol = failkit::open(&a.uri("vol"), |cfg| {
-            cfg.policy = Some("failover".into());
-            cfg.paths = rules;
-        })
-        .await;
+        let vol = open_b_first(&a, &b_portal).await;
         vol.write(0, block(1), false).await.expect("version 1");
         signal(b.pid(), libc::SIGSTOP);
         // Sent to B, which holds it; the client gives up on B, has A fence
@@ -200,4 +215,141 @@ fn a_user_that_may_not_blocklist_serves_an_image_alone() {
     assert!(err.contains("may only serve the image alone"), "{err}");
     drop(capable);
     assert!(img.gateways().is_empty(), "clean stops leave no record");
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[cfg_attr(
+    braid_skip = "nbdinfo",
+    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_stopping_gateway_keeps_its_record_while_a_write_of_it_is_in_flight() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("stop", "16M", Some("layering"));
+    // Leases long enough that no gateway is fenced for going silent here.
+    let lease = ["--gateway-lease", "60"];
+    let a = c.gateway(&img, &lease);
+    let scratch = tempfile::tempdir().unwrap();
+    let hold = scratch.path().join("hold");
+    let hold_env = hold.display().to_string();
+    let mut b = c.gateway_env(&img, &lease, &[("BRAID_TEST_HOLD_RBD_WRITES", &hold_env)]);
+    let b_portal = b.addr().to_string();
+    const BS: usize = 64 * 1024;
+    let block = |v| failkit::block_data(0, v, BS);
+    let b_has_record = |img: &cephkit::Image| {
+        img.gateways()
+            .iter()
+            .any(|g| g["portals"][0] == b_portal.as_str())
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let vol = open_b_first(&a, &b_portal).await;
+        vol.write(0, block(1), false).await.expect("version 1");
+        // Version 2 reaches B and is held inside it (as a write waiting
+        // on a monitor that does not answer would be) while B stops
+        // cleanly: B's connections get the 10 s a stop gives them to
+        // finish, then B leaves the image's gateways.
+        std::fs::write(&hold, b"").unwrap();
+        let mut second = tokio::spawn({
+            let vol = vol.clone();
+            async move { vol.write(0, block(2), false).await }
+        });
+        cephkit::eventually(Duration::from_secs(10), "B holds version 2", || {
+            b.log().contains("TEST HOOK: holding a write")
+        });
+        signal(b.pid(), libc::SIGTERM);
+        let stopped = Instant::now();
+        while b_has_record(&img) && stopped.elapsed() < Duration::from_secs(12) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Without its record, a fence of B's connections blocklists
+        // nothing: the client fails over to A and writes version 3 there
+        // while version 2 is still inside B. With it, B has not answered
+        // and the client waits.
+        let answered = tokio::time::timeout(Duration::from_secs(5), &mut second).await;
+        let failed_over = answered.is_ok();
+        if let Ok(done) = answered {
+            done.unwrap().expect("version 2, after failover");
+            vol.write(0, block(3), false).await.expect("version 3");
+        }
+        std::fs::remove_file(&hold).unwrap();
+        if !failed_over {
+            tokio::time::timeout(Duration::from_secs(30), second)
+                .await
+                .expect("version 2 answered once B's write ended")
+                .unwrap()
+                .expect("version 2");
+            vol.write(0, block(3), false).await.expect("version 3");
+        }
+        vol.close().await;
+    });
+    let status = b.stop();
+    let data = img.export();
+    let version = (1..=3).find(|v| data[..BS] == block(*v)[..]).unwrap_or(0);
+    assert_eq!(
+        version,
+        3,
+        "the cluster must hold the newest write (B exited {status})\nA:\n{}\nB:\n{}",
+        a.log(),
+        b.log()
+    );
+    assert!(!b_has_record(&img), "B's record went once its write ended");
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn of_two_gateways_that_must_serve_alone_joining_at_once_one_serves() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("alone2", "16M", Some("layering"));
+    let scratch = tempfile::tempdir().unwrap();
+    let pause = scratch.path().join("pause");
+    std::fs::write(&pause, b"").unwrap();
+    let pause_env = pause.display().to_string();
+    let env = [("BRAID_TEST_JOIN_PAUSE", pause_env.as_str())];
+    // With its cache on, a gateway serves its images alone.
+    let args = ["--rbd-cache", "--gateway-lease", "3"];
+    let mut gws = [
+        c.spawn_gateway(&img, &args, &env),
+        c.spawn_gateway(&img, &args, &env),
+    ];
+    // Both have read the registry, empty, and wait before writing their
+    // records: the two joins overlap.
+    cephkit::eventually(Duration::from_secs(30), "both joins paused", || {
+        gws.iter()
+            .all(|g| g.log().contains("TEST HOOK: join paused"))
+    });
+    std::fs::remove_file(&pause).unwrap();
+    let outcomes: Vec<cephkit::Outcome> = gws
+        .iter_mut()
+        .map(|g| g.outcome(Duration::from_secs(30)))
+        .collect();
+    let serving = outcomes
+        .iter()
+        .filter(|o| **o == cephkit::Outcome::Serving)
+        .count();
+    assert_eq!(
+        serving,
+        1,
+        "exactly one of them may serve the image alone:\nfirst:\n{}\nsecond:\n{}",
+        gws[0].log(),
+        gws[1].log()
+    );
+    let refused = outcomes
+        .iter()
+        .find_map(|o| match o {
+            cephkit::Outcome::Refused(log) => Some(log),
+            cephkit::Outcome::Serving => None,
+        })
+        .expect("the other refused");
+    assert!(refused.contains("serves this image alone"), "{refused}");
+    assert_eq!(img.gateways().len(), 1, "{:?}", img.gateways());
 }

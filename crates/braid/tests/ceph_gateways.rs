@@ -4,7 +4,9 @@
 //! sha256 and, independently, by `rbd export`; fio verifies through
 //! `braid attach` over two gateways; a gateway killed under a verified
 //! write load costs no I/O error and no replay, its record goes, and it
-//! rejoins when restarted; a dead gateway's record expires and is removed.
+//! rejoins when restarted; a dead gateway's record expires and is removed;
+//! a clone's or copy's gateways remove the records copied with the image's
+//! metadata and never fence the original's gateway.
 
 #![cfg(feature = "rbd")]
 
@@ -264,4 +266,75 @@ fn a_dead_gateways_record_expires_and_is_removed() {
     );
     assert!(a.log().contains("ran out: fencing it"), "{}", a.log());
     assert!(!listed(&a, "portal").contains(&b.addr().to_string()));
+}
+
+#[cfg_attr(
+    braid_skip = "ceph-mon",
+    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
+)]
+#[test]
+fn a_clone_or_copy_of_a_served_image_never_fences_the_originals_gateway() {
+    let Some(c) = cephkit::ceph() else { return };
+    let parent = c.image("parent", "16M", Some("layering"));
+    let lease = ["--gateway-lease", "2"];
+    let p = c.gateway(&parent, &lease);
+    let p_addr = parent.gateways()[0]["addr"]
+        .as_str()
+        .expect("a record names its RADOS address")
+        .to_owned();
+    // Both copy the parent's metadata, its gateway's record included.
+    let snap = format!("{}@base", parent.rbd_name());
+    c.ok("rbd", &["snap", "create", &snap]);
+    c.ok("rbd", &["snap", "protect", &snap]);
+    let clone_name = format!("{}-clone", parent.name);
+    c.ok("rbd", &["clone", &snap, &format!("rbd/{clone_name}")]);
+    let clone = c.adopt("rbd", &clone_name);
+    let copy_name = format!("{}-copy", parent.name);
+    c.ok(
+        "rbd",
+        &[
+            "cp",
+            "--no-progress",
+            &parent.rbd_name(),
+            &format!("rbd/{copy_name}"),
+        ],
+    );
+    let copy = c.adopt("rbd", &copy_name);
+    for img in [&clone, &copy] {
+        assert_eq!(img.gateways().len(), 1, "the parent's record was copied");
+    }
+    let gws: Vec<Serve> = [&clone, &copy]
+        .iter()
+        .map(|i| c.gateway(i, &lease))
+        .collect();
+    // Each copy's registry ends with its own gateway's record alone, and
+    // the parent's gateway, whose record was copied, is never fenced.
+    for (img, gw) in [&clone, &copy].iter().zip(&gws) {
+        let own = gw.addr().to_string();
+        cephkit::eventually(
+            Duration::from_secs(15),
+            "only its own record is left",
+            || {
+                let g = img.gateways();
+                g.len() == 1 && g[0]["portals"][0] == own.as_str()
+            },
+        );
+    }
+    // The copied record is gone: removed as foreign, or fenced, which
+    // blocklists before it removes.
+    let blocklist =
+        String::from_utf8_lossy(&c.ok("ceph", &["osd", "blocklist", "ls"])).into_owned();
+    assert!(
+        !blocklist.contains(&p_addr),
+        "a copy's gateway blocklisted the parent's gateway {p_addr}:\n{blocklist}\nclone's \
+         gateway:\n{}\ncopy's gateway:\n{}",
+        gws[0].log(),
+        gws[1].log()
+    );
+    assert!(!p.log().contains("lost its right to write"), "{}", p.log());
+    assert_eq!(parent.gateways().len(), 1, "the parent's own record stays");
+    drop(gws);
+    drop(clone);
+    c.ok("rbd", &["snap", "unprotect", &snap]);
+    c.ok("rbd", &["snap", "purge", &parent.rbd_name()]);
 }

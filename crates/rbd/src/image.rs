@@ -22,7 +22,7 @@ pub const FEATURE_JOURNALING: u64 = 1 << 6;
 /// An open image.
 #[derive(Debug)]
 pub struct Image {
-    handle: sys::rbd_image_t,
+    pub(crate) handle: sys::rbd_image_t,
     name: String,
     _io: Arc<IoCtx>,
 }

@@ -1,8 +1,9 @@
 //! Safe bindings to the parts of Ceph's librados and librbd that braid's
 //! RBD gateway uses: a cluster connection ([`Cluster`]), a pool
-//! ([`IoCtx`]), watches and notifications on an object, blocklisting, and
-//! an image ([`Image`]) with synchronous and asynchronous I/O and its
-//! metadata.
+//! ([`IoCtx`]), watches and notifications on an object, an object's
+//! attributes compared-and-set atomically, blocklisting, and an image
+//! ([`Image`]) with synchronous and asynchronous I/O, its metadata and its
+//! effective configuration.
 //!
 //! The raw declarations are generated at build time by bindgen from the
 //! headers of the library that is linked (Debian's librbd-dev and
@@ -14,6 +15,8 @@
 //! logic live in `braid-target`'s RBD backend.
 
 #[cfg(feature = "librbd")]
+mod config;
+#[cfg(feature = "librbd")]
 mod error;
 #[cfg(feature = "librbd")]
 mod image;
@@ -21,7 +24,11 @@ mod image;
 mod rados;
 #[cfg(feature = "librbd")]
 mod sys;
+#[cfg(feature = "librbd")]
+mod xattr;
 
+#[cfg(feature = "librbd")]
+pub use config::{ConfigOption, ConfigSource};
 #[cfg(feature = "librbd")]
 pub use error::{Error, Result};
 #[cfg(feature = "librbd")]

@@ -8,13 +8,14 @@
 
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use crate::common::{free_port, output, Serve};
+use crate::common::{free_port, output, ChildGuard, Serve};
 
 /// The shared cluster.
 pub struct Cluster {
@@ -38,6 +39,13 @@ pub fn available() -> bool {
 /// without Ceph installed.
 pub fn ceph() -> Option<&'static Cluster> {
     available().then(cluster)
+}
+
+/// As [`ceph`], with an OSD that can be made to lag behind the monitor on
+/// OSD maps ([`Cluster::lag_maps`]); a test binary uses one kind or the
+/// other.
+pub fn ceph_lagging() -> Option<&'static Cluster> {
+    available().then(|| start(&["--map-lag"]))
 }
 
 /// Waits (bounded) until `f` holds.
@@ -65,6 +73,10 @@ pub fn path_to<'r>(
 
 /// The cluster of this test binary, started on first use.
 pub fn cluster() -> &'static Cluster {
+    start(&[])
+}
+
+fn start(options: &[&str]) -> &'static Cluster {
     let started = CLUSTER.get_or_init(|| {
         // In memory where there is a tmpfs: the OSD keeps its data in RAM
         // anyway, and a monitor refuses to start on a nearly full disk.
@@ -85,7 +97,8 @@ pub fn cluster() -> &'static Cluster {
                 .arg("start")
                 .arg(&dir)
                 .args(["--port", &free_port().to_string()])
-                .args(["--watch", &std::process::id().to_string()]),
+                .args(["--watch", &std::process::id().to_string()])
+                .args(options),
             Duration::from_secs(120),
         );
         if !out.status.success() {
@@ -132,26 +145,108 @@ impl Cluster {
     /// `rbd create --image-feature` takes them (`None`: the cluster's
     /// defaults, with exclusive-lock).
     pub fn image(&self, hint: &str, size: &str, features: Option<&str>) -> Image<'_> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "{hint}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        );
+        self.image_in("rbd", hint, size, features)
+    }
+
+    /// As [`Self::image`], in `pool`.
+    pub fn image_in(
+        &self,
+        pool: &str,
+        hint: &str,
+        size: &str,
+        features: Option<&str>,
+    ) -> Image<'_> {
+        let name = unique(hint);
+        let spec = format!("{pool}/{name}");
         let mut args = vec!["create", "--size", size];
         if let Some(f) = features {
             args.extend(["--image-feature", f]);
         }
-        args.push(&name);
+        args.push(&spec);
         self.ok("rbd", &args);
-        let info = self.ok("rbd", &["info", "--format", "json", &name]);
+        self.adopt(pool, &name)
+    }
+
+    /// An image that exists already (made by `rbd clone`, `rbd cp`...),
+    /// removed like the others when dropped.
+    pub fn adopt(&self, pool: &str, name: &str) -> Image<'_> {
+        let spec = format!("{pool}/{name}");
+        let info = self.ok("rbd", &["info", "--format", "json", &spec]);
         let info: serde_json::Value = serde_json::from_slice(&info).expect("rbd info json");
         let id = info["id"].as_str().expect("image id").to_owned();
         Image {
             cluster: self,
-            name,
+            pool: pool.to_owned(),
+            name: name.to_owned(),
             id,
         }
+    }
+
+    /// A new pool of its own (a pool's settings reach every image in it),
+    /// removed when dropped.
+    pub fn pool(&self, hint: &str) -> Pool<'_> {
+        let name = unique(hint);
+        self.ok("ceph", &["osd", "pool", "create", &name, "8"]);
+        let pool = Pool {
+            cluster: self,
+            name,
+        };
+        self.ok("rbd", &["pool", "init", &pool.name]);
+        pool
+    }
+
+    /// Has the OSD hold every message from the monitor, OSD maps among
+    /// them, for a random time up to `max` (each in order), or no longer
+    /// (`Duration::ZERO`). Needs a cluster from [`ceph_lagging`].
+    pub fn lag_maps(&self, max: Duration) {
+        let (probability, secs) = if max.is_zero() {
+            ("0", "0".to_owned())
+        } else {
+            ("1", format!("{}", max.as_secs_f64()))
+        };
+        for (var, val) in [
+            ("ms_inject_delay_max", secs.as_str()),
+            ("ms_inject_delay_probability", probability),
+        ] {
+            let said = self.admin(
+                "osd.0",
+                &serde_json::json!({"prefix": "config set", "var": var, "val": [val]}),
+            );
+            assert!(said.contains("success"), "setting {var} on osd.0: {said}");
+        }
+    }
+
+    /// The newest OSD map epoch that the OSD has.
+    pub fn osd_epoch(&self) -> u64 {
+        let said = self.admin("osd.0", &serde_json::json!({"prefix": "status"}));
+        let v: serde_json::Value = serde_json::from_str(&said).expect("status is JSON");
+        v["newest_map"].as_u64().expect("newest_map")
+    }
+
+    /// The monitor's newest OSD map epoch.
+    pub fn mon_epoch(&self) -> u64 {
+        let out = self.ok("ceph", &["osd", "dump", "--format", "json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("osd dump is JSON");
+        v["epoch"].as_u64().expect("epoch")
+    }
+
+    /// One command to a daemon's admin socket (`ceph daemon NAME ...`
+    /// without the Python tool's start-up time): the JSON command, a NUL;
+    /// back a 32-bit big-endian length and the answer.
+    fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
+        use std::io::{Read, Write};
+        let path = self.dir.join("run").join(format!("ceph-{daemon}.asok"));
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut req = command.to_string().into_bytes();
+        req.push(0);
+        s.write_all(&req).unwrap();
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut answer).unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
     }
 
     /// A configuration file for this cluster with `lines` added to its
@@ -167,6 +262,53 @@ impl Cluster {
     /// flags (a `--ceph-conf` among them replaces the cluster's).
     pub fn gateway(&self, image: &Image, extra: &[&str]) -> Serve {
         self.gateway_env(image, extra, &[])
+    }
+
+    /// `braid serve` as a gateway of `image` (export `vol`), with `extra`
+    /// flags and `env`, started without waiting: it may serve or refuse
+    /// ([`Spawned::outcome`]).
+    pub fn spawn_gateway(&self, image: &Image, extra: &[&str], env: &[(&str, &str)]) -> Spawned {
+        let scratch = tempfile::tempdir().expect("temporary dir");
+        let listen = if extra.contains(&"--listen") {
+            &[][..]
+        } else {
+            &["--listen", "127.0.0.1:0"][..]
+        };
+        let mut child = ChildGuard::spawn(
+            Command::new(env!("CARGO_BIN_EXE_braid"))
+                .arg("serve")
+                .args(listen)
+                .arg("--control")
+                .arg(scratch.path().join("ctl.sock"))
+                .arg("--state-dir")
+                .arg(scratch.path().join("state"))
+                .arg("--ceph-conf")
+                .arg(&self.conf)
+                .args(extra)
+                .arg(format!("vol={}", image.spec()))
+                .env("NO_COLOR", "1")
+                .env("RUST_LOG", "info")
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped()),
+        );
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        let stderr = child.0.stderr.take().expect("stderr is piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Spawned {
+            child,
+            log,
+            _scratch: scratch,
+        }
     }
 
     /// As [`Self::gateway`], with `env` added to its environment.
@@ -209,31 +351,114 @@ pub fn fio_verify(uri: &str, bs: &str) {
     }
 }
 
+/// A name no other test of this run uses.
+fn unique(hint: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{hint}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// A `braid serve` started by [`Cluster::spawn_gateway`], stopped by PID
+/// when dropped.
+pub struct Spawned {
+    child: ChildGuard,
+    log: Arc<Mutex<String>>,
+    _scratch: tempfile::TempDir,
+}
+
+/// What a spawned gateway did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It logged its export: it serves.
+    Serving,
+    /// It exited with status 1, having said why (its log).
+    Refused(String),
+}
+
+impl Spawned {
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits (at most `limit`) until it serves or has exited; an exit with
+    /// a status other than 1 fails the test.
+    pub fn outcome(&mut self, limit: Duration) -> Outcome {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.0.try_wait() {
+                // Whatever it wrote last is read before its log is judged.
+                std::thread::sleep(Duration::from_millis(100));
+                assert_eq!(status.code(), Some(1), "{}", self.log());
+                return Outcome::Refused(self.log());
+            }
+            if self.log().contains(" export \"vol\"") {
+                return Outcome::Serving;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "braid serve neither served nor exited within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A pool of the shared cluster, removed when dropped.
+pub struct Pool<'a> {
+    cluster: &'a Cluster,
+    pub name: String,
+}
+
+impl Drop for Pool<'_> {
+    fn drop(&mut self) {
+        let n = self.name.as_str();
+        let _ = self.cluster.tool(
+            "ceph",
+            &["osd", "pool", "rm", n, n, "--yes-i-really-really-mean-it"],
+        );
+    }
+}
+
 /// An image of the shared cluster, removed when dropped.
 pub struct Image<'a> {
     cluster: &'a Cluster,
+    pub pool: String,
     pub name: String,
     pub id: String,
 }
 
 impl Image<'_> {
-    /// `rbd:rbd/NAME`.
+    /// `rbd:POOL/NAME`.
     pub fn spec(&self) -> String {
-        format!("rbd:rbd/{}", self.name)
+        format!("rbd:{}", self.rbd_name())
+    }
+
+    /// `POOL/NAME`, as the `rbd` command takes it.
+    pub fn rbd_name(&self) -> String {
+        format!("{}/{}", self.pool, self.name)
     }
 
     /// The image's bytes as `rbd export` reads them from the cluster,
     /// without any gateway.
     pub fn export(&self) -> Vec<u8> {
         self.cluster
-            .ok("rbd", &["export", "--no-progress", &self.name, "-"])
+            .ok("rbd", &["export", "--no-progress", &self.rbd_name(), "-"])
     }
 
     /// The image's metadata (`rbd image-meta list`).
     pub fn meta(&self) -> Vec<(String, String)> {
         let out = self.cluster.ok(
             "rbd",
-            &["image-meta", "list", "--format", "json", &self.name],
+            &["image-meta", "list", "--format", "json", &self.rbd_name()],
         );
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap_or_default();
         v.as_object()
@@ -260,10 +485,15 @@ impl Drop for Image<'_> {
         // Frees the OSD's memory; what a killed gateway left is removed too.
         let _ = self
             .cluster
-            .tool("rbd", &["rm", "--no-progress", &self.name]);
+            .tool("rbd", &["rm", "--no-progress", &self.rbd_name()]);
         let _ = self.cluster.tool(
             "rados",
-            &["-p", "rbd", "rm", &format!("braid_gateways.{}", self.id)],
+            &[
+                "-p",
+                &self.pool,
+                "rm",
+                &format!("braid_gateways.{}", self.id),
+            ],
         );
     }
 }

@@ -46,6 +46,7 @@ impl Backend for RbdVolume {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
         self.check(image.write(buf, offset))?;
@@ -62,6 +63,7 @@ impl Backend for RbdVolume {
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
         // A hint: librbd leaves ranges under its discard granularity as
         // they are, which TRIM allows.
+        let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
         self.check(image.discard(offset, len))?;
@@ -82,6 +84,7 @@ impl Backend for RbdVolume {
         // write_zeroes, never discard: a discard under 64 KiB leaves the
         // old data readable. librbd deallocates whole objects and writes
         // zeroes only over partial ones, so it is fast either way.
+        let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
         self.check(image.write_zeroes(offset, len))?;
@@ -132,9 +135,15 @@ impl Backend for RbdVolume {
         if !self.can_start_write(fua) {
             return Err((buf, done));
         }
+        let Some(inflight) = self.begin_write_now() else {
+            return Err((buf, done));
+        };
         let check = self.checker();
-        self.image()
-            .aio_write(offset, buf, move |b, r| done(b, check(r)));
+        self.image().aio_write(offset, buf, move |b, r| {
+            // In flight until the OSDs answered (see gateway/writes.rs).
+            drop(inflight);
+            done(b, check(r));
+        });
         Ok(())
     }
 }

@@ -10,8 +10,10 @@
 //! - of its own past incarnations: nothing to do. It closed and drained
 //!   their connections before it reconnected as a new client.
 //! - with no record: nothing to do. A record goes only after its gateway
-//!   stopped cleanly (every connection drained) or after it was
-//!   blocklisted and the OSD map barrier passed.
+//!   stopped cleanly (no write of it left in flight, `writes.rs`) or after
+//!   it was blocklisted and the OSD map barrier passed. A record copied
+//!   from another image (`lease.rs`) is no record of this image's: it is
+//!   removed, and its gateway is not fenced.
 //! - with a record (alive or expired): it blocklists that address, runs
 //!   the OSD map barrier (`barrier.rs`), and only then removes the record
 //!   and confirms. From then on the OSDs refuse everything the stale
@@ -56,9 +58,14 @@ pub(super) fn fence_ids(vol: &RbdVolume, ids: &[ConnId]) -> Result<(), String> {
             format!(
                 "the record {key} in {}'s metadata is not one this braid can read; remove it \
                  once its gateway is stopped (rbd image-meta remove {} {key})",
-                vol.spec, vol.spec
+                vol.spec,
+                vol.rbd_name()
             )
         })?;
+        if entry.scope != vol.scope {
+            vol.remove_foreign(&vol.image(), &key);
+            continue;
+        }
         warn!(
             gateway = %entry.addr,
             host = %entry.host,

@@ -12,6 +12,13 @@
 //! surviving gateway blocklists the record's RADOS address before removing
 //! it (`fence.rs`). A record that is gone therefore names a gateway that
 //! either stopped cleanly or was fenced.
+//!
+//! A record names the image it belongs to (the cluster's fsid, the pool's
+//! and the image's ids): `rbd clone`, `rbd cp`, `rbd deep cp`, migration
+//! and `rbd export --export-format 2` copy an image's metadata, records
+//! included, and a copied record names a gateway of another image, which
+//! this image's gateways must never fence. Such a record is foreign: it is
+//! ignored, and removed by a gateway that writes the image.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,13 +29,25 @@ use serde::{Deserialize, Serialize};
 pub const PREFIX: &str = "braid.gateway.";
 
 /// The record format this version writes.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+
+/// The image a record belongs to: ids that a copy of the image does not
+/// keep (a clone or copy gets a new image id; another cluster, another
+/// fsid) and that a rename keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scope {
+    pub fsid: String,
+    pub pool: i64,
+    pub image: String,
+}
 
 /// One gateway's record (JSON in the image's metadata).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Format version ([`VERSION`]).
     pub v: u32,
+    /// The image whose gateway wrote it.
+    pub scope: Scope,
     /// The gateway incarnation's tag: the high 64 bits of the connection
     /// ids it issues.
     pub tag: u64,
@@ -82,6 +101,9 @@ pub struct View {
     pub expired: Vec<Entry>,
     /// Keys whose value this version cannot read.
     pub unreadable: Vec<String>,
+    /// Keys of records that belong to another image (copied with the
+    /// metadata): never fenced, to be removed.
+    pub foreign: Vec<String>,
 }
 
 /// When this gateway last saw each record change, by its own clock.
@@ -91,9 +113,15 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// Takes the registry as listed at `now` (this gateway's monotonic
-    /// clock) and sorts the records other than `own`.
-    pub fn update(&mut self, now: Duration, own: &str, listed: &[(String, String)]) -> View {
+    /// Takes the registry of the image `scope` as listed at `now` (this
+    /// gateway's monotonic clock) and sorts the records other than `own`.
+    pub fn update(
+        &mut self,
+        now: Duration,
+        own: &str,
+        scope: &Scope,
+        listed: &[(String, String)],
+    ) -> View {
         let mut view = View::default();
         let mut still = HashMap::new();
         for (k, v) in listed {
@@ -104,6 +132,10 @@ impl Observed {
                 view.unreadable.push(k.clone());
                 continue;
             };
+            if entry.scope != *scope {
+                view.foreign.push(k.clone());
+                continue;
+            }
             let since = match self.seen.get(k) {
                 Some(&(seq, since)) if seq == entry.seq => since,
                 _ => now,
@@ -126,9 +158,18 @@ impl Observed {
 mod tests {
     use super::*;
 
+    fn scope() -> Scope {
+        Scope {
+            fsid: "f".into(),
+            pool: 1,
+            image: "abc".into(),
+        }
+    }
+
     fn entry(tag: u64, seq: u64, lease_ms: u64) -> (String, String) {
         let e = Entry {
             v: VERSION,
+            scope: scope(),
             tag,
             addr: format!("127.0.0.1:0/{tag}"),
             gid: tag + 4000,
@@ -151,17 +192,33 @@ mod tests {
         let v = o.update(
             Duration::ZERO,
             &own,
+            &scope(),
             &[entry(1, 1, 3000), entry(2, 1, 3000)],
         );
         assert_eq!(v.live.len(), 1, "its own record is not listed");
         assert_eq!(v.live[0].tag, 2);
         // Unchanged for less than the lease: alive.
-        assert_eq!(o.update(2 * S, &own, &[entry(2, 1, 3000)]).live.len(), 1);
+        assert_eq!(
+            o.update(2 * S, &own, &scope(), &[entry(2, 1, 3000)])
+                .live
+                .len(),
+            1
+        );
         // Renewed at 2.5 s: alive until 5.5 s by this clock.
         let renewed = Duration::from_millis(2500);
-        assert_eq!(o.update(renewed, &own, &[entry(2, 2, 3000)]).live.len(), 1);
-        assert_eq!(o.update(5 * S, &own, &[entry(2, 2, 3000)]).live.len(), 1);
-        let v = o.update(6 * S, &own, &[entry(2, 2, 3000)]);
+        assert_eq!(
+            o.update(renewed, &own, &scope(), &[entry(2, 2, 3000)])
+                .live
+                .len(),
+            1
+        );
+        assert_eq!(
+            o.update(5 * S, &own, &scope(), &[entry(2, 2, 3000)])
+                .live
+                .len(),
+            1
+        );
+        let v = o.update(6 * S, &own, &scope(), &[entry(2, 2, 3000)]);
         assert!(v.live.is_empty());
         assert_eq!(v.expired[0].tag, 2, "an expired record is kept for fencing");
     }
@@ -170,11 +227,12 @@ mod tests {
     fn a_record_first_seen_late_gets_a_whole_lease_from_then() {
         let mut o = Observed::default();
         // Whatever its age by its writer's clock: unknown here.
-        let v = o.update(100 * S, &key(9), &[entry(3, 77, 1000)]);
+        let v = o.update(100 * S, &key(9), &scope(), &[entry(3, 77, 1000)]);
         assert_eq!(v.live.len(), 1);
         let v = o.update(
             Duration::from_millis(101_500),
             &key(9),
+            &scope(),
             &[entry(3, 77, 1000)],
         );
         assert_eq!(v.expired.len(), 1);
@@ -183,17 +241,46 @@ mod tests {
     #[test]
     fn removed_records_are_forgotten_and_foreign_values_set_aside() {
         let mut o = Observed::default();
-        o.update(Duration::ZERO, &key(9), &[entry(4, 1, 1000)]);
-        assert!(o.update(S, &key(9), &[]).live.is_empty());
+        o.update(Duration::ZERO, &key(9), &scope(), &[entry(4, 1, 1000)]);
+        assert!(o.update(S, &key(9), &scope(), &[]).live.is_empty());
         assert!(o.seen.is_empty());
         let listed = [
             (key(5), "not json".to_owned()),
             ("braid.other".to_owned(), "x".to_owned()),
             ("conf_rbd_cache".to_owned(), "false".to_owned()),
         ];
-        let v = o.update(2 * S, &key(9), &listed);
+        let v = o.update(2 * S, &key(9), &scope(), &listed);
         assert_eq!(v.unreadable, vec![key(5)]);
         assert!(v.live.is_empty() && v.expired.is_empty());
+    }
+
+    #[test]
+    fn records_copied_from_another_image_are_foreign_never_live_or_expired() {
+        let mut o = Observed::default();
+        let (k, v) = entry(6, 1, 1000);
+        let copied_to = |f: &str, pool: i64, image: &str| Scope {
+            fsid: f.into(),
+            pool,
+            image: image.into(),
+        };
+        // A clone or copy (new image id), another pool, another cluster.
+        for other in [
+            copied_to("f", 1, "def"),
+            copied_to("f", 2, "abc"),
+            copied_to("g", 1, "abc"),
+        ] {
+            for now in [Duration::ZERO, 100 * S] {
+                let view = o.update(now, &key(9), &other, &[(k.clone(), v.clone())]);
+                assert_eq!(view.foreign, vec![k.clone()]);
+                assert!(view.live.is_empty() && view.expired.is_empty());
+            }
+        }
+        assert_eq!(
+            o.update(Duration::ZERO, &key(9), &scope(), &[(k, v)])
+                .live
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -205,7 +292,7 @@ mod tests {
             (e.tag, e.seq, e.lease()),
             (0xab, 5, Duration::from_millis(1500))
         );
-        let newer = v.replace("\"v\":1", "\"v\":2");
+        let newer = v.replace("\"v\":2", "\"v\":3");
         assert_eq!(
             Entry::parse(&newer),
             None,

@@ -2,12 +2,15 @@
 //!
 //! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
 //! gateway of an image keeps a record in the image's metadata with its
-//! portals and its RADOS address, under a lease (`lease.rs`); every
-//! gateway answers `x-braid:portal` with the portals of every live
-//! gateway, so one URI gives an initiator every path through every
-//! gateway. The volume's identity comes from the cluster's fsid and the
-//! image's id, the same on every gateway, and so does its instance (an
-//! acknowledged write is in the cluster, whichever gateway took it).
+//! portals and its RADOS address, under a lease, naming the image it
+//! belongs to so that copies of the metadata are told apart (`lease.rs`).
+//! It joins with a compare-and-set, so that two joins at once cannot both
+//! find an empty registry (`join.rs`). Every gateway answers
+//! `x-braid:portal` with the portals of every live gateway, so one URI
+//! gives an initiator every path through every gateway. The volume's
+//! identity comes from the cluster's fsid and the image's id, the same on
+//! every gateway, and so does its instance (an acknowledged write is in
+//! the cluster, whichever gateway took it).
 //!
 //! A stale gateway (stalled, partitioned, or its lease run out) is fenced
 //! in Ceph itself: blocklisted, then every live gateway fetches the OSD
@@ -18,21 +21,29 @@
 //! new RADOS client with a new tag: a new incarnation, whose connection
 //! ids differ from the old one's. A gateway whose barrier watch went
 //! unconfirmed for a while (its process was stopped) fetches the newest
-//! OSD map before its next write, as a barrier may have passed it by.
+//! OSD map before its next write, as a barrier may have passed it by; a
+//! joining gateway fetches it once its watch is registered. A gateway that
+//! stops removes its record only once none of its writes is still in
+//! flight (`writes.rs`).
 //!
 //! Active/active needs three things of every gateway: no write cache
 //! (`rbd_cache = false`: an acknowledged write must be in the cluster, for
-//! other gateways to read it and for no gateway's death to lose it), an
-//! image without exclusive-lock (checked at open, `volume.rs`), and the
-//! capability to blocklist (`osd blocklist` in the user's mon caps, which
-//! `profile rbd` grants; probed at start). A gateway with the cache on or
-//! without the capability serves its images alone: it refuses to start
-//! beside another gateway, and others refuse to start beside it.
+//! other gateways to read it and for no gateway's death to lose it; read
+//! back after every open, as a pool's or an image's own setting overrides
+//! it, `cache.rs`), an image without exclusive-lock (checked at open,
+//! `volume.rs`), and the capability to blocklist (`osd blocklist` in the
+//! user's mon caps, which `profile rbd` grants; probed at start). A gateway
+//! with the cache on or without the capability serves its images alone: it
+//! refuses to start beside another gateway, and others refuse to start
+//! beside it.
 
 mod barrier;
+mod cache;
 mod fence;
+mod join;
 pub mod lease;
 mod volume;
+mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -162,7 +173,7 @@ impl Ceph {
         });
         for vol in self.writable() {
             let (vol2, portals) = (vol.clone(), portals.clone());
-            tokio::task::spawn_blocking(move || join(&vol2, &portals))
+            tokio::task::spawn_blocking(move || join::join(&vol2, &portals))
                 .await
                 .map_err(|e| e.to_string())??;
         }
@@ -174,12 +185,15 @@ impl Ceph {
         Ok(())
     }
 
-    /// Leaves every image's registry (after the last connection drained).
+    /// Leaves every image's registry (after the last connection drained,
+    /// or the drain gave up): once the image's writes in flight have
+    /// ended, within one lease, as renewals stop here.
     pub async fn stop(self: &Arc<Self>) {
         self.stopping.store(true, Ordering::SeqCst);
         self.serving.store(false, Ordering::SeqCst);
+        let limit = self.lease();
         for vol in self.writable() {
-            let _ = tokio::task::spawn_blocking(move || vol.leave()).await;
+            let _ = tokio::task::spawn_blocking(move || vol.leave(limit)).await;
         }
     }
 
@@ -368,7 +382,7 @@ impl Ceph {
         // not on this path.
         std::thread::spawn(move || drop((old_handles, old)));
         for vol in self.writable() {
-            join(&vol, portals)?;
+            join::join(&vol, portals)?;
         }
         Ok(())
     }
@@ -389,108 +403,6 @@ fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
         addr,
         gid,
     })
-}
-
-/// Joins the registry of `vol`'s image: checks who else is there, watches
-/// the barrier object, writes this incarnation's record.
-fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), String> {
-    let ceph = &vol.ceph;
-    let first = vol
-        .look()
-        .map_err(|e| format!("{}: reading the gateway registry: {e}", vol.spec))?;
-    let mut conflicts: Vec<lease::Entry> = first
-        .live
-        .into_iter()
-        .filter(|e| ceph.alone() || e.alone)
-        .collect();
-    if !conflicts.is_empty() {
-        if !ceph.can_blocklist() {
-            let e = &conflicts[0];
-            return Err(format!(
-                "{}: gateway {} (host {}, pid {}) has a record in the image's metadata, and \
-                 this Ceph user may not blocklist, so this gateway may only serve the image \
-                 alone. Stop that gateway, or if it is gone remove its record (rbd image-meta \
-                 remove {} {}), or give this user `osd blocklist` in its mon caps",
-                vol.spec,
-                e.addr,
-                e.host,
-                e.pid,
-                vol.spec,
-                lease::key(e.tag)
-            ));
-        }
-        // A record that is never renewed is a gateway that is gone or
-        // stalled: fenced once its lease runs out. One that is renewed is
-        // a live gateway that cannot share the image.
-        let deadline = Instant::now()
-            + conflicts
-                .iter()
-                .map(lease::Entry::lease)
-                .max()
-                .unwrap_or_default()
-            + Duration::from_secs(1);
-        info!(
-            "{}: waiting up to {:?} to see whether the gateway(s) recorded in the image are alive",
-            vol.spec,
-            deadline - Instant::now()
-        );
-        while !conflicts.is_empty() {
-            std::thread::sleep(Duration::from_millis(250));
-            let view = vol.look().map_err(|e| e.to_string())?;
-            if let Some(e) = view
-                .live
-                .iter()
-                .find(|e| conflicts.iter().any(|c| c.tag == e.tag))
-            {
-                if e.seq
-                    != conflicts
-                        .iter()
-                        .find(|c| c.tag == e.tag)
-                        .map_or(e.seq, |c| c.seq)
-                {
-                    return Err(format!(
-                        "{}: gateway {} (host {}, pid {}) serves this image{}; {}",
-                        vol.spec,
-                        e.addr,
-                        e.host,
-                        e.pid,
-                        if e.alone { " alone" } else { "" },
-                        if ceph.alone() {
-                            "this gateway must serve it alone (its rbd cache is on); stop the other"
-                        } else {
-                            "stop it first"
-                        }
-                    ));
-                }
-            }
-            for e in view.expired {
-                if conflicts.iter().any(|c| c.tag == e.tag) {
-                    fence::fence_entry(vol, &e)?;
-                    conflicts.retain(|c| c.tag != e.tag);
-                }
-            }
-            if Instant::now() > deadline && !conflicts.is_empty() {
-                return Err(format!(
-                    "{}: the recorded gateways did not settle",
-                    vol.spec
-                ));
-            }
-        }
-    }
-    vol.watch_barrier()?;
-    vol.renew(portals).map_err(|e| {
-        format!(
-            "{}: writing this gateway's record in the image: {e}",
-            vol.spec
-        )
-    })?;
-    barrier::announce(&vol.ioctx(), &vol.image_id);
-    info!(
-        image = %vol.spec,
-        gateways = vol.live().len() + 1,
-        "joined the image's gateways"
-    );
-    Ok(())
 }
 
 /// Renews `vol`'s record every third of the lease and fences expired

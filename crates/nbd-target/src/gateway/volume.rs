@@ -10,6 +10,7 @@ use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::lease::{self, Entry, Observed};
+use super::writes::{InFlight, Writes};
 use super::Ceph;
 use crate::export::{PeerFence, Peers};
 use crate::source::RbdSpec;
@@ -29,9 +30,12 @@ pub struct RbdVolume {
     /// The object map answers allocation without asking the OSDs.
     pub(crate) fast_diff: bool,
     pub(super) image_id: String,
+    /// What this image's gateway records name (`lease::Scope`).
+    pub(super) scope: lease::Scope,
     identity: Uuid,
     handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
+    writes: Arc<Writes>,
 }
 
 /// The open image of the current incarnation.
@@ -96,13 +100,18 @@ impl RbdVolume {
         if !read_only && features & braid_rbd::FEATURE_EXCLUSIVE_LOCK != 0 {
             return Err(exclusive_lock_refusal(spec, features));
         }
+        check_cache(&image, spec, ceph.caches())?;
         let size = image.size().map_err(|e| format!("{spec}: {e}"))?;
         let image_id = image.id().map_err(|e| format!("{spec}: {e}"))?;
+        let scope = lease::Scope {
+            fsid: inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?,
+            pool: io.pool_id(),
+            image: image_id.clone(),
+        };
         let identity = match identity {
             Some(id) => id,
             None => {
-                let fsid = inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?;
-                let mut name = format!("ceph:{fsid}/{}/{image_id}", io.pool_id());
+                let mut name = format!("ceph:{}/{}/{image_id}", scope.fsid, scope.pool);
                 if let Some(snap) = &spec.snap {
                     let id = image.snap_id(snap).map_err(|e| format!("{spec}: {e}"))?;
                     name.push_str(&format!("@{id}"));
@@ -118,6 +127,7 @@ impl RbdVolume {
             size,
             fast_diff: features & braid_rbd::FEATURE_FAST_DIFF != 0,
             image_id,
+            scope,
             identity,
             handle: RwLock::new(Handle {
                 io,
@@ -125,6 +135,7 @@ impl RbdVolume {
                 watch: None,
             }),
             lease: Mutex::new(LeaseState::default()),
+            writes: Arc::default(),
         });
         ceph.adopt(&vol);
         Ok(vol)
@@ -134,6 +145,11 @@ impl RbdVolume {
     /// image (from the cluster's fsid, the pool's and the image's ids).
     pub fn identity(&self) -> Uuid {
         self.identity
+    }
+
+    /// `POOL/IMAGE`, as the `rbd` command names the image.
+    pub(crate) fn rbd_name(&self) -> String {
+        format!("{}/{}", self.spec.pool, self.spec.image)
     }
 
     /// How the export is described to clients and in logs.
@@ -183,6 +199,8 @@ impl RbdVolume {
             self.read_only,
         )
         .map_err(|e| format!("{}: {e}", self.spec))?;
+        // An override set while this gateway ran takes effect at this open.
+        check_cache(&image, &self.spec, self.ceph.caches())?;
         let id = image.id().map_err(|e| format!("{}: {e}", self.spec))?;
         if id != self.image_id {
             return Err(format!(
@@ -238,6 +256,7 @@ impl RbdVolume {
             let key = lease::key(inc.tag);
             let entry = Entry {
                 v: lease::VERSION,
+                scope: self.scope.clone(),
                 tag: inc.tag,
                 addr: inc.addr.clone(),
                 gid: inc.gid,
@@ -255,16 +274,49 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Reads the registry: remembers the live gateways, and returns the
-    /// records whose lease ran out.
+    /// Takes this incarnation's record back (a join that met another).
+    pub(crate) fn withdraw(&self) -> braid_rbd::Result<()> {
+        let own = self.lease().own.take();
+        match own {
+            Some(key) => self.image().metadata_remove(&key),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads the registry: remembers the live gateways, removes records
+    /// copied from another image, and returns the records whose lease ran
+    /// out.
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
-        let listed = self.image().metadata_list(lease::PREFIX)?;
+        let image = self.image();
+        let listed = image.metadata_list(lease::PREFIX)?;
         let own = lease::key(self.ceph.current().tag);
         let now = self.ceph.clock();
-        let mut l = self.lease();
-        let view = l.observed.update(now, &own, &listed);
-        l.live.clone_from(&view.live);
+        let view = {
+            let mut l = self.lease();
+            let view = l.observed.update(now, &own, &self.scope, &listed);
+            l.live.clone_from(&view.live);
+            view
+        };
+        for key in &view.foreign {
+            self.remove_foreign(&image, key);
+        }
         Ok(view)
+    }
+
+    /// Removes a record that names another image's gateway (copied with
+    /// the image's metadata by a clone, copy or migration).
+    pub(super) fn remove_foreign(&self, image: &Image, key: &str) {
+        match image.metadata_remove(key) {
+            Ok(()) => info!(
+                "{}: removed {key}, a gateway record copied from another image (a clone, copy \
+                 or migration copies the metadata); its gateway serves that image, not this one",
+                self.spec
+            ),
+            Err(e) => warn!(
+                "{}: removing {key}, copied from another image: {e}",
+                self.spec
+            ),
+        }
     }
 
     /// One lease period's work: renew, look, fence what expired.
@@ -284,7 +336,7 @@ impl RbdVolume {
                         e.addr,
                         e.host,
                         e.pid,
-                        self.spec,
+                        self.rbd_name(),
                         lease::key(e.tag)
                     );
                 }
@@ -301,9 +353,22 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Removes this incarnation's record (a clean stop, once every
-    /// connection drained).
-    pub(crate) fn leave(&self) {
+    /// A clean stop, once every connection drained or the drain gave up:
+    /// refuses further writes, waits up to `limit` for the writes still in
+    /// flight to end, and only then removes this incarnation's record
+    /// (`writes.rs` says why). Writes that do not end leave it in place,
+    /// for the other gateways to fence this one.
+    pub(crate) fn leave(&self, limit: std::time::Duration) {
+        let left = self.writes.close_and_wait(limit);
+        if left > 0 {
+            warn!(
+                "{}: {left} write(s) still in flight after {limit:?}: this gateway keeps its \
+                 record in the image, so the other gateways fence it (blocklist) once its lease \
+                 runs out, and none of those writes can land after a client re-sent it elsewhere",
+                self.spec
+            );
+            return;
+        }
         let own = self.lease().own.take();
         if let Some(key) = own {
             if let Err(e) = self.image().metadata_remove(&key) {
@@ -312,6 +377,31 @@ impl RbdVolume {
             super::barrier::announce(&self.ioctx(), &self.image_id);
         }
         self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = None;
+    }
+
+    /// Counts a write in flight before it goes to librbd (and holds it
+    /// there under the test hook).
+    ///
+    /// # Errors
+    ///
+    /// `ESHUTDOWN` once the gateway is stopping: the connection closes
+    /// unanswered and the client sends the write elsewhere.
+    pub(crate) fn begin_write(&self) -> std::io::Result<InFlight> {
+        let w = self
+            .writes
+            .begin()
+            .ok_or_else(|| std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))?;
+        super::writes::hold_for_tests();
+        Ok(w)
+    }
+
+    /// [`Self::begin_write`] for a write started without a thread to wait
+    /// on: `None` when it must take the synchronous way.
+    pub(crate) fn begin_write_now(&self) -> Option<InFlight> {
+        if super::writes::holding_for_tests() {
+            return None;
+        }
+        self.writes.begin()
     }
 
     /// Other gateways' records seen alive at the last look.
@@ -417,6 +507,16 @@ impl Peers for RbdVolume {
 
     fn admits(&self, id: ConnId) -> bool {
         self.ceph.admits(id)
+    }
+}
+
+/// Refuses an image that librbd opened with a cache the gateway did not
+/// ask for (`cache.rs`).
+fn check_cache(image: &Image, spec: &RbdSpec, wanted: bool) -> Result<(), String> {
+    let opts = image.config().map_err(|e| format!("{spec}: {e}"))?;
+    match super::cache::refusal(spec, &opts, wanted) {
+        Some(why) => Err(why),
+        None => Ok(()),
     }
 }
 
