@@ -68,6 +68,8 @@ pub(crate) struct Core {
     pub replay: super::replay::ReplayState,
     /// `volume{export}`: what the volume's own log lines run in.
     pub span: tracing::Span,
+    /// What `log` says, kept for people watching (`timeline.rs`).
+    pub timeline: super::timeline::Timeline,
 }
 
 /// Everything the volume's tasks share.
@@ -153,7 +155,7 @@ impl Core {
                     }
                 }
                 Action::Reconnect { .. } => {}
-                Action::Event(ev) => self.log(ev),
+                Action::Event(ev) => self.log(shared.now(), ev),
             }
         }
     }
@@ -209,7 +211,7 @@ impl Core {
 
     /// One line per event, in the span of the path it is about (inside
     /// the volume's), so the text need not name either.
-    fn log(&mut self, ev: Event) {
+    fn log(&mut self, now: Duration, ev: Event) {
         let span = match &ev {
             Event::PathFailed { path, .. }
             | Event::Fenced { path, .. }
@@ -240,7 +242,11 @@ impl Core {
                 } else {
                     format!("; {}", parts.join(", "))
                 };
-                warn!("failed: {reason}{tail}");
+                let line = format!("failed: {reason}{tail}");
+                warn!("{line}");
+                let silent = self.engine.path_report(path, now).idle;
+                let moved = held + queued > 0 || !resent.is_empty();
+                self.timeline.path_failed(path.0 + 1, &line, silent, moved);
                 if held == 0
                     && !self.warned_no_fencing
                     && !resent.is_empty()
@@ -254,15 +260,27 @@ impl Core {
                     );
                 }
             }
-            Event::Fenced { fence, resent, .. } => {
+            Event::Fenced {
+                path,
+                fence,
+                resent,
+            } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
                 info!(fence = fence.0, "fenced by the target; {n} writes re-sent");
+                self.timeline.fenced(
+                    path.0 + 1,
+                    &format!("fenced by the target; {n} writes re-sent"),
+                );
             }
-            Event::PathRestored { .. } => {
+            Event::PathRestored { path } => {
                 info!("restored");
+                self.timeline.restored(path.0 + 1, "restored");
             }
             Event::NoPathTimeout { failed } => {
-                warn!("no path for longer than the no-path timeout: {failed} requests failed with EIO");
+                let line = format!("no path for longer than the no-path timeout: {failed} requests failed with EIO");
+                warn!("{line}");
+                self.timeline
+                    .record(super::timeline::EventKind::NoPathTimeout, None, line, None);
             }
         }
     }

@@ -16,6 +16,7 @@ mod open_iscsi;
 mod plan;
 mod recover;
 mod replay;
+mod timeline;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ pub use self::admin::PolicyError;
 pub use self::core::Done;
 use self::core::Shared;
 pub use self::plan::{plan, Plan};
+pub use self::timeline::{EventKind, Timeline, TimelineEvent};
 
 /// How to open a volume.
 #[derive(Clone, Debug)]
@@ -407,6 +409,11 @@ impl Volume {
             },
             uptime: now,
         }
+    }
+
+    /// The volume's recent events, and a way to hear of each new one.
+    pub fn timeline(&self) -> Timeline {
+        self.shared.lock().timeline.clone()
     }
 
     /// Disconnects every connection cleanly (NBD_CMD_DISC), bounded in time.

@@ -101,6 +101,7 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
             warned_no_fencing: false,
             replay,
             span: span.clone(),
+            timeline: Default::default(),
         }),
         epoch,
         settings,
