@@ -19,7 +19,12 @@ pub struct ServeFile {
     pub read_only: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
-    pub metrics: Option<String>,
+    /// The console and metrics listener (`--http`; `metrics` is its older
+    /// name).
+    #[serde(alias = "metrics")]
+    pub http: Option<String>,
+    /// The console's token file (`--http-token`).
+    pub http_token: Option<PathBuf>,
     /// Port of the iSCSI portals (`--iscsi`).
     pub iscsi: Option<u16>,
     /// CHAP credentials file for iSCSI logins (`--iscsi-chap`).
@@ -73,7 +78,12 @@ pub struct ServeExport {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttachFile {
-    pub metrics: Option<String>,
+    /// The console and metrics listener (`--http`; `metrics` is its older
+    /// name).
+    #[serde(alias = "metrics")]
+    pub http: Option<String>,
+    /// The console's token file (`--http-token`).
+    pub http_token: Option<PathBuf>,
     pub control: Option<PathBuf>,
     #[serde(default, rename = "volume")]
     pub volumes: Vec<AttachVolume>,

@@ -33,7 +33,8 @@ struct ServeConfig {
     volume_ids: HashMap<String, Uuid>,
     state_dir: std::path::PathBuf,
     control: std::path::PathBuf,
-    metrics: Option<std::net::SocketAddr>,
+    /// The console and metrics listener.
+    http: Option<crate::console::Http>,
     /// Port of the iSCSI portals, when iSCSI is served.
     iscsi: Option<u16>,
     /// CHAP credentials every iSCSI login must prove.
@@ -224,14 +225,10 @@ impl ServeConfig {
         } else {
             args.listen
         };
-        let metrics = args
-            .metrics
-            .or(file.metrics)
-            .map(|m| {
-                m.parse()
-                    .map_err(|_| usage(format!("--metrics {m:?}: expected ADDR:PORT")))
-            })
-            .transpose()?;
+        let http = crate::console::settings(
+            args.http.or(file.http).as_deref(),
+            args.http_token.or(file.http_token).as_deref(),
+        )?;
         let iscsi = args.iscsi.or(file.iscsi);
         if iscsi.is_some() && tls.is_some() {
             return Err(usage(
@@ -280,7 +277,7 @@ impl ServeConfig {
             None => braid_target::iscsi::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
-            metrics,
+            http,
             iscsi,
             iscsi_chap,
             iscsi_iqn,
@@ -386,23 +383,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
             })
             .collect();
         let iscsi_handle = iscsi.as_ref().map(|(_, h)| h.clone());
-        let _control = control::serve(
-            &cfg.control,
-            handler(
-                registry,
-                target.exports(),
-                portals_shown,
-                iscsi_handle,
-                rates,
-            ),
-        )?;
-        if let Some(addr) = cfg.metrics {
-            let collector = crate::metrics::target::TargetCollector {
-                registry: target.registry(),
-                exports: target.exports(),
-            };
-            crate::metrics::serve(addr, collector).await?;
-            info!("metrics on http://{addr}/metrics");
+        let handler = handler(
+            registry,
+            target.exports(),
+            portals_shown,
+            iscsi_handle,
+            rates,
+        );
+        let _control = control::serve(&cfg.control, handler.clone())?;
+        if let Some(http) = &cfg.http {
+            console(http, &cfg, &target, &portals, handler).await?;
         }
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",
@@ -428,6 +418,44 @@ pub fn run(args: ServeArgs) -> Result<()> {
         info!("stopped");
         anyhow::Ok(())
     })
+}
+
+/// Starts the console and metrics listener: HTTPS with the server's
+/// certificate when it has one (browsers bring no client certificate, so
+/// none is asked for here).
+async fn console(
+    http: &crate::console::Http,
+    cfg: &ServeConfig,
+    target: &Target,
+    portals: &[portal::Portal],
+    handler: control::Handler,
+) -> Result<()> {
+    use crate::console::serve::{ServeEvents, ServeSource};
+    let tls = match &cfg.tls {
+        Some((cert, key, _)) => Some(crate::tls::server(cert, key, None)?),
+        None => None,
+    };
+    let exports = target.exports();
+    let gateway = exports.iter().any(|e| e.peers.is_some());
+    let source = Arc::new(ServeSource {
+        handler,
+        registry: target.registry(),
+        exports: exports.clone(),
+        portals: portals
+            .iter()
+            .zip(target.local_addrs())
+            .map(|(p, a)| (a.to_string(), p.device.clone()))
+            .collect(),
+        lease: gateway.then_some(cfg.ceph.lease),
+        scrape: crate::metrics::Scrape::new(crate::metrics::target::TargetCollector {
+            registry: target.registry(),
+            exports,
+        }),
+        events: ServeEvents::default(),
+    });
+    tokio::spawn(source.clone().watch());
+    let events = source.events.tx.clone();
+    crate::console::start(http, tls, source, events).await
 }
 
 fn open_exports(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> Result<Exports> {
