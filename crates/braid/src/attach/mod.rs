@@ -7,6 +7,7 @@
 //! reload (SIGHUP, `systemctl reload braid-attach`) can attach or detach
 //! one volume while every other keeps its clients and its paths.
 
+mod console;
 mod devices;
 mod report;
 mod spec;
@@ -26,8 +27,6 @@ use crate::config::{self, AttachFile};
 use crate::rates::Rates;
 use crate::signals::{Signal, Signals};
 use crate::{control, metrics, multipath};
-
-pub use report::volume_status;
 
 #[cfg(test)]
 pub use report::knobs;
@@ -75,7 +74,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         let handler = report::handler(volumes.clone(), rates.clone());
         let _control = control::serve(&control_path, handler.clone())?;
         if let Some(http) = &http {
-            let source = crate::console::attach::AttachSource {
+            let source = console::AttachSource {
                 volumes: volumes.clone(),
                 rates,
                 scrape: metrics::Scrape::new(metrics::attach::AttachCollector(volumes.clone())),

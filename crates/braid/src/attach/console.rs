@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use braid_console::model::{AttachView, PathView, ReplayView, VolumeView};
 use braid_console::{Action, Snapshot, Source};
 
-use crate::attach::volume_status;
+use super::report::volume_status;
 use crate::attached::Volumes;
 use crate::control;
 use crate::ctl::Request;
@@ -91,7 +91,7 @@ impl Source for AttachSource {
                     },
                     paths,
                     events: (a.volume.timeline().recent().iter())
-                        .map(|e| super::event_view(&s.name, e))
+                        .map(|e| crate::console::event_view(&s.name, e))
                         .collect(),
                 }
             })
@@ -142,6 +142,6 @@ impl Source for AttachSource {
                 )
             }
         };
-        super::act(&self.handler, req, done)
+        crate::console::act(&self.handler, req, done)
     }
 }

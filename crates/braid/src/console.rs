@@ -4,9 +4,6 @@
 //! metrics, their volumes' timelines), its actions carried out by the
 //! control socket's own handler.
 
-pub mod attach;
-pub mod serve;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;

@@ -279,7 +279,7 @@ impl Source for ServeSource {
         match action.clone() {
             Action::Alua { portal, state } => {
                 let done = format!("iSCSI portal {portal}: {state}");
-                super::act(&self.handler, Request::Alua { portal, state }, done)
+                crate::console::act(&self.handler, Request::Alua { portal, state }, done)
             }
             _ => Err(
                 "braid serve has no volumes to steer; switch policies and drain paths on the \
@@ -288,4 +288,41 @@ impl Source for ServeSource {
             ),
         }
     }
+}
+
+/// Starts the console and metrics listener: HTTPS with the server's
+/// certificate when it has one (browsers bring no client certificate, so
+/// none is asked for here).
+pub(super) async fn start(
+    http: &crate::console::Http,
+    cfg: &super::ServeConfig,
+    target: &braid_target::Target,
+    portals: &[braid_target::portal::Portal],
+    handler: control::Handler,
+) -> anyhow::Result<()> {
+    let tls = match &cfg.tls {
+        Some((cert, key, _)) => Some(crate::tls::server(cert, key, None)?),
+        None => None,
+    };
+    let exports = target.exports();
+    let gateway = exports.iter().any(|e| e.peers.is_some());
+    let source = Arc::new(ServeSource {
+        handler,
+        registry: target.registry(),
+        exports: exports.clone(),
+        portals: portals
+            .iter()
+            .zip(target.local_addrs())
+            .map(|(p, a)| (a.to_string(), p.device.clone()))
+            .collect(),
+        lease: gateway.then_some(cfg.ceph.lease),
+        scrape: crate::metrics::Scrape::new(crate::metrics::target::TargetCollector {
+            registry: target.registry(),
+            exports,
+        }),
+        events: ServeEvents::default(),
+    });
+    tokio::spawn(source.clone().watch());
+    let events = source.events.tx.clone();
+    crate::console::start(http, tls, source, events).await
 }
