@@ -66,7 +66,7 @@
   const muted = () => getComputedStyle(root).getPropertyValue("--muted").trim();
   const lineColor = () => getComputedStyle(root).getPropertyValue("--line").trim();
   const charts = new Map(); // figure element -> {plot, names, key}
-  const history = new Map(); // chart key -> {t: [], cols: [[]...], names}
+  const kept = new Map(); // chart key -> {t: [], cols: [[]...], names}
 
   const READ = {
     mbps: (p) => [(p.read_bytes_per_s + p.write_bytes_per_s) / 1e6],
@@ -80,10 +80,10 @@
   };
 
   function record(key, names, values) {
-    let h = history.get(key);
+    let h = kept.get(key);
     if (!h || h.names.join("|") !== names.join("|")) {
       h = { t: [], cols: names.map(() => []), names: names };
-      history.set(key, h);
+      kept.set(key, h);
     }
     h.t.push(Date.now() / 1000);
     values.forEach((v, i) => h.cols[i].push(v));
@@ -108,9 +108,10 @@
       };
     }));
     const axis = { stroke: muted(), grid: { stroke: lineColor(), width: 1 }, ticks: { stroke: lineColor() } };
+    const clock = (u, vals) => vals.map((v) => new Date(v * 1000).toLocaleTimeString([], { hour12: false }));
     const plot = new uPlot({
       width: Math.max(200, el.clientWidth), height: 150, series: series,
-      axes: [axis, Object.assign({ size: 48 }, axis)],
+      axes: [Object.assign({ values: clock }, axis), Object.assign({ size: 48 }, axis)],
       scales: { x: { time: true }, y: { range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)] } },
       legend: { live: false }, cursor: { drag: { x: false, y: false } },
     }, [h.t].concat(h.cols), el);
@@ -209,7 +210,8 @@
     try {
       const r = await fetch("/api/action", {
         method: "POST", credentials: "omit",
-        headers: { "Content-Type": "application/json", "X-Braid-Token": token() },
+        headers: Object.assign({ "Content-Type": "application/json" },
+          token() ? { "X-Braid-Token": token() } : {}),
         body: JSON.stringify(payload),
       });
       const a = await r.json();

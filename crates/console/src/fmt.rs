@@ -21,7 +21,9 @@ pub fn esc(s: &str) -> String {
 
 /// MB/s with one decimal (decimal megabytes, as the CLI prints them).
 pub fn mbps(bytes_per_s: f64) -> String {
-    format!("{:.1}", bytes_per_s / 1e6)
+    // A sum of nothing is -0.0: printed as 0.0.
+    let v = bytes_per_s / 1e6;
+    format!("{:.1}", if v > 0.0 { v } else { 0.0 })
 }
 
 /// A rate of requests, whole.
@@ -90,6 +92,7 @@ mod tests {
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
         );
         assert_eq!(mbps(117_234_000.0), "117.2");
+        assert_eq!(mbps([].iter().sum()), "0.0");
         assert_eq!(ms(0), "–");
         assert_eq!(ms(7930), "7.93");
         assert_eq!(size(2 << 30), "2 GiB");

@@ -145,11 +145,16 @@ fn loopback_host(host: &str) -> bool {
 }
 
 fn header_token(headers: &HeaderMap) -> Option<String> {
-    if let Some(t) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
-        return Some(t.trim().to_owned());
-    }
-    let auth = headers.get(AUTHORIZATION)?.to_str().ok()?;
-    auth.strip_prefix("Bearer ").map(|t| t.trim().to_owned())
+    let given = match headers.get(TOKEN_HEADER) {
+        Some(t) => t.to_str().ok()?,
+        None => headers
+            .get(AUTHORIZATION)?
+            .to_str()
+            .ok()?
+            .strip_prefix("Bearer ")?,
+    };
+    // An empty header is no token at all.
+    Some(given.trim().to_owned()).filter(|t| !t.is_empty())
 }
 
 fn query_token(query: Option<&str>) -> Option<String> {

@@ -14,6 +14,10 @@ use crate::ctl::Request;
 use crate::metrics::Scrape;
 use crate::rates::Rates;
 
+/// Rates on the page look back this far, not `braid status`'s five
+/// seconds: a chart should show a path's bytes stop as they stop.
+const LIVE: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct AttachSource {
     pub volumes: Volumes,
     pub rates: Arc<Mutex<Rates>>,
@@ -30,7 +34,7 @@ impl Source for AttachSource {
             .snapshot()
             .iter()
             .map(|a| {
-                let s = volume_status(a, &rates);
+                let s = volume_status(a, &rates, LIVE);
                 let report = a.volume.report();
                 let iscsi = a.volume.info().transport == "iscsi";
                 let total: f64 = s

@@ -80,6 +80,9 @@ impl<'a> Browser<'a> {
             "--disable-background-networking",
             "--disable-component-update",
             "--disable-sync",
+            // Its crash handler would outlive the browser's process group.
+            "--disable-crash-reporter",
+            "--disable-breakpad",
             "--hide-scrollbars",
             &format!("--user-data-dir={}", b._profile.path().display()),
             &format!("--window-size={width},{height}"),
@@ -124,6 +127,16 @@ impl<'a> Browser<'a> {
         self.session_call(
             "POST",
             "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// Runs `script`, which ends by calling `done(value)` (an async
+    /// function body: `const done = arguments[arguments.length - 1]`).
+    pub fn eval_async(&self, script: &str) -> Value {
+        self.session_call(
+            "POST",
+            "/execute/async",
             Some(json!({"script": script, "args": []})),
         )
     }
@@ -184,9 +197,30 @@ impl Drop for Browser<'_> {
     }
 }
 
-fn in_ns<R>(lab: Option<&Lab>, f: impl FnOnce() -> R) -> R {
+/// Where the harness leaves its screenshots: `BRAID_SCREENSHOTS` (the
+/// README's come from `BRAID_SCREENSHOTS=doc`), else the build's scratch.
+pub fn screenshot_dir() -> std::path::PathBuf {
+    match std::env::var_os("BRAID_SCREENSHOTS") {
+        Some(d) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(d),
+        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("screenshots"),
+    }
+}
+
+/// Sets its flag when dropped: a load thread started beside a check stops
+/// even when the check panics.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn in_ns<R: Send>(lab: Option<&Lab>, f: impl FnOnce() -> R + Send) -> R {
     match lab {
-        Some(lab) => lab.enter(Side::Client, f).expect("enter the lab's client side"),
+        Some(lab) => lab
+            .enter(Side::Client, f)
+            .expect("enter the lab's client side"),
         None => f(),
     }
 }
@@ -219,8 +253,35 @@ pub fn raw(
     req.push_str("\r\n");
     req.push_str(&body);
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    // Read to the end of the body: its length, the last chunk, or EOF
+    // (some servers keep the connection open whatever the request says).
     let mut resp = Vec::new();
-    s.read_to_end(&mut resp).map_err(|e| e.to_string())?;
+    let mut buf = [0u8; 16384];
+    loop {
+        if let Some(at) = resp.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&resp[..at]).to_ascii_lowercase();
+            let body = &resp[at + 4..];
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|n| n.trim().parse::<usize>().ok());
+            let done = match length {
+                Some(n) => body.len() >= n,
+                None if head.contains("transfer-encoding: chunked") => {
+                    body.ends_with(b"\r\n0\r\n\r\n") || body.starts_with(b"0\r\n")
+                }
+                None => false,
+            };
+            if done {
+                break;
+            }
+        }
+        let n = s.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        resp.extend_from_slice(&buf[..n]);
+    }
     let resp = String::from_utf8_lossy(&resp).into_owned();
     let (head, rest) = resp.split_once("\r\n\r\n").ok_or("no HTTP head")?;
     let status = head
@@ -228,7 +289,10 @@ pub fn raw(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or("no status")?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(rest)
     } else {
         rest.to_owned()
