@@ -1,4 +1,4 @@
-//! Rates "over the last seconds": counters sampled once a second, so a
+//! Rates "over the last seconds": counters sampled every second or less, so a
 //! status request can say MB/s and IOPS without waiting.
 
 use std::collections::{HashMap, VecDeque};

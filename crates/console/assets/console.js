@@ -85,9 +85,10 @@
       h = { t: [], cols: names.map(() => []), names: names };
       kept.set(key, h);
     }
-    h.t.push(Date.now() / 1000);
+    const now = Date.now() / 1000;
+    h.t.push(now);
     values.forEach((v, i) => h.cols[i].push(v));
-    if (h.t.length > KEEP) {
+    while (h.t[0] < now - KEEP) {
       h.t.shift();
       h.cols.forEach((c) => c.shift());
     }

@@ -243,7 +243,11 @@ fn topology(v: &VolumeView) -> String {
         let y = 6 + i * row_h;
         let mid = y + row_h / 2 - 2;
         let t = tone(&p.state);
-        let local = p.nic.clone().unwrap_or_else(|| p.local.clone());
+        let local = match (&p.nic, p.local.split_once('%')) {
+            (Some(nic), Some((addr, _))) => format!("{nic} {addr}"),
+            (Some(nic), None) => nic.clone(),
+            (None, _) => p.local.clone(),
+        };
         let rate = mbps(p.read_bytes_per_s + p.write_bytes_per_s);
         let _ = write!(
             out,

@@ -26,8 +26,9 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 const MAX_CONNECTIONS: usize = 64;
 /// The largest action body read.
 const MAX_ACTION: usize = 4096;
-/// How often an open page is sent the figures.
-const PUSH_EVERY: Duration = Duration::from_secs(1);
+/// How often an open page is sent the figures: twice a second, so a
+/// change shows within about half a second beyond the rates' own window.
+const PUSH_EVERY: Duration = Duration::from_millis(500);
 
 /// A started listener.
 #[derive(Debug)]
@@ -260,8 +261,8 @@ async fn action(req: Request<Incoming>, ctx: &Ctx, peer: SocketAddr) -> Response
     }
 }
 
-/// The push stream: the figures and parts once a second, and at once
-/// after each timeline event.
+/// The push stream: the figures and parts every [`PUSH_EVERY`], and at
+/// once after each timeline event.
 fn push(ctx: &Ctx) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(4);
     let source = ctx.source.clone();
