@@ -217,6 +217,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.volumes.len(), 2);
+        // `metrics` is the older name of `http`.
+        assert_eq!(f.http.as_deref(), Some("127.0.0.1:9810"));
         let m = f.volumes[0].multipath().unwrap();
         assert_eq!(m.no_path_timeout, "queue");
         assert_eq!(m.locals.len(), 2);

@@ -103,7 +103,8 @@ pub fn parts(v: &ServeView, actions: bool) -> Vec<Part> {
             c.inflight,
             c.errors,
             id = esc(&c.id),
-            short = esc(c.id.get(..12).unwrap_or(&c.id)),
+            // The id's tail: its head is the server's, the same for all.
+            short = esc(c.id.get(c.id.len().saturating_sub(12)..).unwrap_or(&c.id)),
         );
     }
     vec![
@@ -208,7 +209,7 @@ mod tests {
         );
         assert!(html.contains("<option selected>standby</option>"), "{html}");
         assert!(html.contains("10.0.0.9:10809"), "{html}");
-        assert!(html.contains(">0466831ca8fb<"), "{html}");
+        assert!(html.contains(">5153aa3f7852<"), "{html}");
         assert!(html.contains("<td class=\"n\">3</td>"), "{html}");
         assert!(
             !body(&v, false).contains("<form"),
