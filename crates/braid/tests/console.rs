@@ -290,3 +290,66 @@ fn load(attach: &Attach, stop: &AtomicBool) {
         common::run(cmd("nbdcopy").arg(attach.uri()).arg("null:"));
     }
 }
+
+#[cfg_attr(
+    braid_skip = "python3",
+    ignore = "needs python3: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn the_console_is_https_when_serve_has_a_certificate() {
+    if !tool("python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::run(
+        cmd(env!("CARGO_BIN_EXE_braid"))
+            .args(["tls", "init"])
+            .arg(dir.path())
+            .args(["--name", "127.0.0.1"]),
+    );
+    let f = |name: &str| dir.path().join(name).display().to_string();
+    let http = free_port();
+    // NBD clients must show certificates; a browser brings none, and the
+    // console does not ask for one.
+    let _serve = Serve::start(&[
+        "--tls-cert",
+        &f("server-cert.pem"),
+        "--tls-key",
+        &f("server-key.pem"),
+        "--tls-client-ca",
+        &f("ca-cert.pem"),
+        "--http",
+        &format!("127.0.0.1:{http}"),
+    ]);
+    let fetch = |url: &str| {
+        let script = "import ssl, sys, urllib.request\n\
+                      ctx = ssl.create_default_context(cafile=sys.argv[1])\n\
+                      r = urllib.request.urlopen(sys.argv[2], context=ctx, timeout=10)\n\
+                      print(r.status, r.headers['content-type'])\n";
+        common::output(
+            cmd("/usr/bin/python3")
+                .args(["-c", script])
+                .arg(f("ca-cert.pem"))
+                .arg(url),
+            Duration::from_secs(30),
+        )
+    };
+    assert!(wait_until(Duration::from_secs(10), || fetch(&format!(
+        "https://127.0.0.1:{http}/metrics"
+    ))
+    .status
+    .success()));
+    for (path, kind) in [
+        ("/metrics", "application/openmetrics-text"),
+        ("/", "text/html"),
+    ] {
+        let out = fetch(&format!("https://127.0.0.1:{http}{path}"));
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            said.starts_with("200 ") && said.contains(kind),
+            "{path}: {said} {out:?}"
+        );
+    }
+    // Plain HTTP gets no page.
+    assert!(raw(http, "GET", "/metrics", &[], None).map_or(true, |(s, _)| s != 200));
+}
