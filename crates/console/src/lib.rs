@@ -63,7 +63,7 @@ pub struct Settings {
 /// Why the listener could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("binding the HTTP address {addr}: {source}")]
+    #[error("binding the HTTP address {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
