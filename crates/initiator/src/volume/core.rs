@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn, Instrument};
 
 use super::link::Link;
+use super::timeline::EventKind;
 use crate::conn::Sink;
 use crate::discover::PathSpec;
 use crate::engine::{Action, ChunkInfo, Engine, Event, IoError, Op, PathId, ReqId};
@@ -266,11 +267,9 @@ impl Core {
                 resent,
             } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
-                info!(fence = fence.0, "fenced by the target; {n} writes re-sent");
-                self.timeline.fenced(
-                    path.0 + 1,
-                    &format!("fenced by the target; {n} writes re-sent"),
-                );
+                let line = format!("fenced by the target; {n} writes re-sent");
+                info!(fence = fence.0, "{line}");
+                self.timeline.fenced(path.0 + 1, &line);
             }
             Event::PathRestored { path } => {
                 info!("restored");
@@ -280,7 +279,7 @@ impl Core {
                 let line = format!("no path for longer than the no-path timeout: {failed} requests failed with EIO");
                 warn!("{line}");
                 self.timeline
-                    .record(super::timeline::EventKind::NoPathTimeout, None, line, None);
+                    .record(EventKind::NoPathTimeout, None, line, None);
             }
         }
     }
