@@ -33,6 +33,8 @@ fn main() {
         "sysctl",
         "tgtd",
         "gcc",
+        "chromium",
+        "chromedriver",
     ];
     let mut values: Vec<String> = TOOLS.iter().map(|t| format!("\"{t}\"")).collect();
     values.push("\"root\"".into());

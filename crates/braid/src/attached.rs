@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use braid_initiator::Volume;
 use braid_target::StopHandle;
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 /// An attached volume: its multipath volume and the local NBD target that
@@ -53,9 +54,19 @@ impl Attached {
     }
 }
 
-/// The attached volumes, in the order they were attached.
-#[derive(Clone, Default)]
-pub struct Volumes(Arc<RwLock<Vec<Arc<Attached>>>>);
+/// The attached volumes, in the order they were attached, and their
+/// timelines' events as one stream (for the console).
+#[derive(Clone)]
+pub struct Volumes(
+    Arc<RwLock<Vec<Arc<Attached>>>>,
+    broadcast::Sender<braid_console::EventView>,
+);
+
+impl Default for Volumes {
+    fn default() -> Self {
+        Self(Default::default(), broadcast::channel(256).0)
+    }
+}
 
 impl Volumes {
     /// The volumes now; later changes do not affect the snapshot.
@@ -63,11 +74,30 @@ impl Volumes {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Every volume's timeline events, as they happen.
+    pub fn events(&self) -> broadcast::Sender<braid_console::EventView> {
+        self.1.clone()
+    }
+
     pub fn find(&self, name: &str) -> Option<Arc<Attached>> {
         self.snapshot().into_iter().find(|a| a.name == name)
     }
 
     pub fn add(&self, a: Arc<Attached>) {
+        // Until the volume's timeline closes with it.
+        let mut rx = a.volume.timeline().subscribe();
+        let (name, tx) = (a.name.clone(), self.1.clone());
+        tokio::spawn(async move {
+            loop {
+                match rx.recv().await {
+                    Ok(ev) => {
+                        let _ = tx.send(crate::console::event_view(&name, &ev));
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
         self.0.write().unwrap_or_else(|p| p.into_inner()).push(a);
     }
 

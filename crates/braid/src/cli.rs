@@ -135,7 +135,8 @@ const ATTACH_EXAMPLES: &str = "\
 Examples:
   braid attach nbd://10.0.1.5/vol
       every path to the volume; NBD on /run/braid/vol.sock
-  braid attach nbd://10.0.1.5/vol --local eth1 --local eth2 --metrics 127.0.0.1:9810
+  braid attach nbd://10.0.1.5/vol --local eth1 --local eth2 --http 127.0.0.1:9810
+      the live console at http://127.0.0.1:9810/, metrics at /metrics
   braid attach --config /etc/braid/attach.toml
 
 Then, for a block device:   nbd-client -unix /run/braid/vol.sock /dev/nbd0 -N vol
@@ -159,9 +160,17 @@ pub struct AttachArgs {
     /// Volumes and settings from a TOML file (see contrib/attach.toml)
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Serve Prometheus metrics at http://ADDR:PORT/metrics
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<String>,
+    /// Serve the live console at http://ADDR:PORT/ and Prometheus metrics
+    /// at /metrics (one listener; --metrics is the older name). Give a
+    /// loopback address unless --http-token guards it
+    #[arg(long = "http", visible_alias = "metrics", value_name = "ADDR:PORT")]
+    pub http: Option<String>,
+    /// A file holding the console's token: actions (policy, drain, enable)
+    /// are allowed only with it, sent in the X-Braid-Token header; on a
+    /// non-loopback --http address it guards every page too (open
+    /// /?token=TOKEN)
+    #[arg(long, value_name = "FILE")]
+    pub http_token: Option<PathBuf>,
     /// Control socket for braid status/policy/path [default: in /run/braid/ctl]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
@@ -611,10 +620,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
 
-    /// Serve Prometheus metrics (per export and portal) on
-    /// http://ADDR:PORT/metrics
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub metrics: Option<String>,
+    /// Serve the live console (portals, exports, clients) at
+    /// http://ADDR:PORT/ and Prometheus metrics (per export and portal) at
+    /// /metrics; HTTPS with --tls-cert (--metrics is the older name)
+    #[arg(long = "http", visible_alias = "metrics", value_name = "ADDR:PORT")]
+    pub http: Option<String>,
+    /// A file holding the console's token: actions (setting a portal's
+    /// ALUA state) are allowed only with it, sent in the X-Braid-Token
+    /// header; on a non-loopback --http address it guards every page too
+    #[arg(long, value_name = "FILE")]
+    pub http_token: Option<PathBuf>,
 
     /// Also serve every export over iSCSI, as LUN 0 of target
     /// iqn.2026-11.org.braid-storage:NAME (see --iscsi-iqn), on every
@@ -755,8 +770,12 @@ pub struct DoctorArgs {
     #[arg(short, long = "listen", value_name = "ADDR|IFACE|all")]
     pub listen: Vec<ListenSpec>,
     /// Print {"findings": [{check, severity, subject, evidence, why, fix}]}
-    #[arg(long)]
+    #[arg(long, conflicts_with = "html")]
     pub json: bool,
+    /// Print the findings as a web page that stands alone (for a support
+    /// ticket): braid doctor --html > doctor.html
+    #[arg(long)]
+    pub html: bool,
     /// Read /sys and /proc under DIR instead of this host's (a captured
     /// tree); nothing is probed
     #[arg(long, value_name = "DIR")]

@@ -19,7 +19,12 @@ pub struct ServeFile {
     pub read_only: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
-    pub metrics: Option<String>,
+    /// The console and metrics listener (`--http`; `metrics` is its older
+    /// name).
+    #[serde(alias = "metrics")]
+    pub http: Option<String>,
+    /// The console's token file (`--http-token`).
+    pub http_token: Option<PathBuf>,
     /// Port of the iSCSI portals (`--iscsi`).
     pub iscsi: Option<u16>,
     /// CHAP credentials file for iSCSI logins (`--iscsi-chap`).
@@ -73,7 +78,12 @@ pub struct ServeExport {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AttachFile {
-    pub metrics: Option<String>,
+    /// The console and metrics listener (`--http`; `metrics` is its older
+    /// name).
+    #[serde(alias = "metrics")]
+    pub http: Option<String>,
+    /// The console's token file (`--http-token`).
+    pub http_token: Option<PathBuf>,
     pub control: Option<PathBuf>,
     #[serde(default, rename = "volume")]
     pub volumes: Vec<AttachVolume>,
@@ -212,6 +222,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(f.volumes.len(), 2);
+        // `metrics` is the older name of `http`.
+        assert_eq!(f.http.as_deref(), Some("127.0.0.1:9810"));
         let m = f.volumes[0].multipath().unwrap();
         assert_eq!(m.no_path_timeout, "queue");
         assert_eq!(m.locals.len(), 2);

@@ -61,6 +61,14 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     };
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.html {
+        // The page reads the same shape as --json prints.
+        let findings: braid_console::model::DoctorReport =
+            serde_json::from_value(serde_json::to_value(&report)?)?;
+        outln!(
+            "{}",
+            braid_console::doctor_page(&findings, &scope_title(&args))
+        );
     } else {
         out!("{}", render::text(&report));
     }
@@ -74,6 +82,19 @@ pub fn run(args: DoctorArgs) -> Result<()> {
     } else {
         Err(Exit(1).into())
     }
+}
+
+/// What was checked, for the page's title.
+fn scope_title(args: &DoctorArgs) -> String {
+    let what = if args.serve {
+        "storage host".to_owned()
+    } else if let Some(c) = &args.config {
+        c.display().to_string()
+    } else {
+        args.targets.join(" ")
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{what} on {}", host.trim())
 }
 
 enum ConfigFile {

@@ -13,6 +13,7 @@ mod bench;
 #[allow(rustdoc::broken_intra_doc_links)]
 mod cli;
 mod config;
+mod console;
 mod control;
 mod copy;
 mod ctl;

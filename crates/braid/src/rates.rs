@@ -1,4 +1,4 @@
-//! Rates "over the last seconds": counters sampled once a second, so a
+//! Rates "over the last seconds": counters sampled every second or less, so a
 //! status request can say MB/s and IOPS without waiting.
 
 use std::collections::{HashMap, VecDeque};
@@ -22,8 +22,8 @@ pub struct PerSecond {
     pub writes: f64,
 }
 
-/// How far back rates look.
-const WINDOW: Duration = Duration::from_secs(5);
+/// How far back `braid status`'s rates look.
+pub const WINDOW: Duration = Duration::from_secs(5);
 
 /// A short history of counter snapshots.
 #[derive(Default)]
@@ -44,12 +44,23 @@ impl Rates {
         }
     }
 
-    /// `key`'s rates from the oldest snapshot within the window to `current`.
+    /// `key`'s rates from the oldest snapshot within [`WINDOW`] to `current`.
     pub fn rate(&self, key: &str, current: Counts, now: Instant) -> PerSecond {
+        self.rate_within(key, current, now, WINDOW)
+    }
+
+    /// The same over the last `window` (at most twice [`WINDOW`] is kept).
+    pub fn rate_within(
+        &self,
+        key: &str,
+        current: Counts,
+        now: Instant,
+        window: Duration,
+    ) -> PerSecond {
         let Some((t, old)) = self
             .history
             .iter()
-            .find(|(t, s)| now.duration_since(*t) <= WINDOW && s.contains_key(key))
+            .find(|(t, s)| now.duration_since(*t) <= window && s.contains_key(key))
             .map(|(t, s)| (*t, s[key]))
         else {
             return PerSecond::default();

@@ -42,6 +42,22 @@ fn listed(g: &Serve, kind: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// GET /api/snapshot of a serve console on loopback.
+fn console_snapshot(port: u16) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the console");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /api/snapshot HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let body = resp.split_once("\r\n\r\n").expect("an HTTP answer").1;
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -60,7 +76,14 @@ fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
         return;
     }
     let img = c.image("three", "64M", Some("layering"));
-    let gws: Vec<Serve> = (0..3).map(|_| c.gateway(&img, &[])).collect();
+    let http = common::free_port();
+    let console = format!("127.0.0.1:{http}");
+    let gws: Vec<Serve> = (0..3)
+        .map(|i| match i {
+            0 => c.gateway(&img, &["--http", &console]),
+            _ => c.gateway(&img, &[]),
+        })
+        .collect();
     let all: BTreeSet<String> = gws.iter().map(|g| g.addr().to_string()).collect();
     for g in &gws {
         cephkit::eventually(
@@ -69,6 +92,21 @@ fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
             || listed(g, "portal") == all,
         );
     }
+    // The serve console shows the gateway's live peers and its lease.
+    let others: BTreeSet<String> = all
+        .iter()
+        .filter(|a| **a != gws[0].addr().to_string())
+        .cloned()
+        .collect();
+    let snapshot = console_snapshot(http);
+    let peers: BTreeSet<String> = snapshot["exports"][0]["peers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no peers: {snapshot}"))
+        .iter()
+        .filter_map(|p| p.as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(peers, others, "{snapshot}");
+    assert_eq!(snapshot["gateway_lease_s"], 15.0, "{snapshot}");
     // One volume to the initiator: the same identity and the same
     // instance whichever gateway answers.
     let volumes: BTreeSet<_> = gws.iter().flat_map(|g| listed(g, "volume")).collect();

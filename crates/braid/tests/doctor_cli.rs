@@ -78,3 +78,25 @@ fn apply_is_refused_on_a_captured_tree_and_bad_roots_are_usage_errors() {
     let out = doctor(&["--serve", "--root", "/nonexistent-tree"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
+
+#[test]
+fn html_is_a_page_of_every_finding_worst_first() {
+    let json = doctor(&["--serve", "--root", &fixture("nics"), "--json"]);
+    let typed: Report = serde_json::from_slice(&json.stdout).expect("JSON");
+    let out = doctor(&["--serve", "--root", &fixture("nics"), "--html"]);
+    assert_eq!(out.status.code(), Some(1), "the same exit status as text");
+    let html = String::from_utf8(out.stdout).unwrap();
+    assert!(html.starts_with("<!doctype html>"), "{html}");
+    assert!(!html.contains("<script"), "the page stands alone");
+    // Every finding, worst first.
+    assert_eq!(
+        html.matches("<article class=\"finding").count(),
+        typed.findings.len()
+    );
+    let last_fail = html.rfind("finding sev-fail").expect("a failing finding");
+    let first_ok = html.find("finding sev-ok").unwrap_or(html.len());
+    assert!(last_fail < first_ok);
+    for f in &typed.findings {
+        assert!(html.contains(&format!(" {} <span", f.check)), "{}", f.check);
+    }
+}

@@ -474,7 +474,7 @@ impl Engine {
     fn feed_replay(&mut self, now: Duration) {
         loop {
             let Some(run) = &mut self.replay else { return };
-            if run.inflight >= REPLAY_INFLIGHT && run.inflight > 0 {
+            if run.inflight >= REPLAY_INFLIGHT {
                 return;
             }
             let Some((offset, extent)) = run.queue.pop_front() else {

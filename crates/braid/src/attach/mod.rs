@@ -7,11 +7,11 @@
 //! reload (SIGHUP, `systemctl reload braid-attach`) can attach or detach
 //! one volume while every other keeps its clients and its paths.
 
+mod console;
 mod devices;
 mod report;
 mod spec;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -42,15 +42,10 @@ pub fn run(args: AttachArgs) -> Result<()> {
     for s in &specs {
         multipath::config(&s.uri, &s.multipath)?;
     }
-    let metrics_addr: Option<SocketAddr> = args
-        .metrics
-        .as_deref()
-        .or(file.metrics.as_deref())
-        .map(|m| {
-            m.parse()
-                .map_err(|_| usage(format!("metrics {m:?}: expected ADDR:PORT")))
-        })
-        .transpose()?;
+    let http = crate::console::settings(
+        args.http.as_deref().or(file.http.as_deref()),
+        args.http_token.as_deref().or(file.http_token.as_deref()),
+    )?;
     let control_path = args
         .control
         .clone()
@@ -76,10 +71,16 @@ pub fn run(args: AttachArgs) -> Result<()> {
         }
         let rates = Arc::new(Mutex::new(Rates::default()));
         tokio::spawn(report::sample(volumes.clone(), rates.clone()));
-        let _control = control::serve(&control_path, report::handler(volumes.clone(), rates))?;
-        if let Some(addr) = metrics_addr {
-            metrics::serve(addr, metrics::attach::AttachCollector(volumes.clone())).await?;
-            info!("metrics on http://{addr}/metrics");
+        let handler = report::handler(volumes.clone(), rates.clone());
+        let _control = control::serve(&control_path, handler.clone())?;
+        if let Some(http) = &http {
+            let source = console::AttachSource {
+                volumes: volumes.clone(),
+                rates,
+                scrape: metrics::Scrape::new(metrics::attach::AttachCollector(volumes.clone())),
+                handler,
+            };
+            crate::console::start(http, None, Arc::new(source), volumes.events()).await?;
         }
         let attached = volumes.snapshot();
         let devices = devices::free_nbd_devices(Path::new("/sys/block"), attached.len());

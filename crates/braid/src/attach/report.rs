@@ -21,10 +21,11 @@ fn counts(p: &braid_initiator::PathFigures) -> Counts {
     }
 }
 
-/// Samples every volume's path counters each second, for the rates
-/// `braid status` shows.
+/// Samples every volume's path counters twice a second, for the rates
+/// `braid status` shows (over 5 s) and the console's (over the last
+/// second).
 pub(super) async fn sample(volumes: Volumes, rates: Arc<Mutex<Rates>>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
         let mut snap = HashMap::new();
@@ -40,8 +41,9 @@ pub(super) async fn sample(volumes: Volumes, rates: Arc<Mutex<Rates>>) {
     }
 }
 
-/// The status of one attached volume, as `braid status --json` shows it.
-pub fn volume_status(a: &Attached, rates: &Rates) -> ctl::VolumeStatus {
+/// The status of one attached volume, as `braid status --json` shows it,
+/// with rates over the last `window`.
+pub fn volume_status(a: &Attached, rates: &Rates, window: Duration) -> ctl::VolumeStatus {
     let info = a.volume.info();
     let report = a.volume.report();
     let now = Instant::now();
@@ -50,7 +52,8 @@ pub fn volume_status(a: &Attached, rates: &Rates) -> ctl::VolumeStatus {
         .iter()
         .map(|p| {
             let f = &p.figures;
-            let r = rates.rate(&format!("{}/{}", a.name, p.index), counts(p), now);
+            let key = format!("{}/{}", a.name, p.index);
+            let r = rates.rate_within(&key, counts(p), now, window);
             let us =
                 |h: &braid_initiator::engine::Histogram, q: f64| h.quantile(q).as_micros() as u64;
             ctl::PathStatus {
@@ -119,7 +122,7 @@ pub(super) fn handler(volumes: Volumes, rates: Arc<Mutex<Rates>>) -> control::Ha
                     ok: true,
                     pid: std::process::id(),
                     volumes: (volumes.snapshot().iter())
-                        .map(|a| volume_status(a, &rates))
+                        .map(|a| volume_status(a, &rates, crate::rates::WINDOW))
                         .collect(),
                 };
                 serde_json::to_value(status).unwrap_or_default()

@@ -1,7 +1,7 @@
 //! Prometheus metrics of `braid attach` (per volume and per path) and of
 //! `braid serve` (per export and per portal), through `prometheus-client`
-//! in the OpenMetrics text format, served at `/metrics` by a deliberately
-//! small HTTP responder.
+//! in the OpenMetrics text format, served at `/metrics` by the daemon's
+//! HTTP listener (`braid-console`).
 //!
 //! The figures live where the work happens (the engine's counters, the
 //! target's export statistics); a [`Collector`] reads them at each scrape.
@@ -13,88 +13,38 @@ pub mod attach;
 pub mod target;
 
 use std::fmt;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, Result};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// Label pairs of one series.
 pub type Labels = Vec<(&'static str, String)>;
 
-/// Binds `addr` and answers scrapes of `collector` until the process ends.
-///
-/// # Errors
-///
-/// The address cannot be bound.
-pub async fn serve(addr: SocketAddr, collector: impl Collector) -> Result<()> {
-    let mut registry = Registry::default();
-    registry.register_collector(Box::new(collector));
-    let registry = Arc::new(registry);
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the metrics address {addr}"))?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let registry = registry.clone();
-            tokio::spawn(async move {
-                let mut req = Vec::new();
-                let mut buf = [0u8; 1024];
-                // Read the request head, bounded in size and time.
-                let head = tokio::time::timeout(Duration::from_secs(5), async {
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-                        let n = stream.read(&mut buf).await.ok()?;
-                        if n == 0 {
-                            return None;
-                        }
-                        req.extend_from_slice(&buf[..n]);
-                    }
-                    Some(())
-                })
-                .await;
-                if !matches!(head, Ok(Some(()))) {
-                    return;
-                }
-                let line = String::from_utf8_lossy(&req);
-                let (status, kind, body) =
-                    if line.starts_with("GET /metrics ") || line.starts_with("GET / ") {
-                        let mut text = String::new();
-                        match prometheus_client::encoding::text::encode(&mut text, &registry) {
-                            Ok(()) => (
-                                "200 OK",
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                text,
-                            ),
-                            Err(_) => (
-                                "500 Internal Server Error",
-                                "text/plain",
-                                "encoding the metrics failed\n".to_owned(),
-                            ),
-                        }
-                    } else {
-                        ("404 Not Found", "text/plain", "see /metrics\n".to_owned())
-                    };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = stream.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    Ok(())
+/// A registry holding one collector: what `/metrics` answers.
+pub struct Scrape(Registry);
+
+impl Scrape {
+    pub fn new(collector: impl Collector) -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(collector));
+        Self(registry)
+    }
+
+    /// The OpenMetrics text of every figure now.
+    ///
+    /// # Errors
+    ///
+    /// A collector could not encode its figures.
+    pub fn text(&self) -> Result<String, String> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.0)
+            .map_err(|e| format!("encoding the metrics: {e}"))?;
+        Ok(text)
+    }
 }
 
 /// One counter family: `name` gets `_total` in the exposition.

@@ -4,7 +4,7 @@
 
 use braid_policy::{by_name, PolicyOptions, UnknownPolicy};
 
-use super::{Volume, VolumeConfig};
+use super::{EventKind, Volume, VolumeConfig};
 use crate::discover::{LocalSpec, PathSpec};
 use crate::engine::{PathConfig, PathId};
 use crate::pathrule::{PathAttrs, PathRule};
@@ -43,7 +43,11 @@ impl Volume {
                 connections,
             });
         }
-        self.shared.lock().engine.set_policy(policy);
+        let mut core = self.shared.lock();
+        core.engine.set_policy(policy);
+        let text = format!("policy switched to {name}");
+        core.timeline
+            .record(EventKind::PolicySwitched, None, text, None);
         Ok(())
     }
 
@@ -58,6 +62,15 @@ impl Volume {
         let now = self.shared.now();
         core.engine.set_enabled(now, path, enabled);
         core.act(&self.shared);
+        let (kind, text) = if enabled {
+            (EventKind::PathEnabled, "enabled: carries I/O again")
+        } else {
+            (
+                EventKind::PathDisabled,
+                "disabled: drained, new requests go elsewhere",
+            )
+        };
+        core.timeline.record(kind, Some(index), text, None);
         Ok(())
     }
 

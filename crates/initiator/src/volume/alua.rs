@@ -13,7 +13,7 @@ use tracing::{info, warn, Instrument};
 
 use super::core::Shared;
 use super::link::Link;
-use super::Transport;
+use super::{EventKind, Transport};
 use crate::engine::{Access, PathId};
 use crate::iscsi;
 
@@ -100,6 +100,9 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
             let now = shared.now();
             if core.engine.path_report(path, now).access != a {
                 info!(state = s.name(), "ALUA state of the path's port changed");
+                let text = format!("ALUA state of the path's port: {}", s.name());
+                core.timeline
+                    .record(EventKind::AccessChanged, Some(path.0 + 1), text, None);
             }
             core.engine.set_access(now, path, a);
             core.act(&shared);

@@ -63,6 +63,8 @@ pub(crate) struct Core {
     pub warned_no_fencing: bool,
     /// `volume{export}`: what the volume's own log lines run in.
     pub span: tracing::Span,
+    /// What `log` says, kept for people watching (`timeline.rs`).
+    pub timeline: super::timeline::Timeline,
 }
 
 /// Everything the volume's tasks share.
@@ -147,7 +149,7 @@ impl Core {
                     }
                     self.received.remove(&cookie.0);
                 }
-                Action::Event(ev) => self.log(ev),
+                Action::Event(ev) => self.log(shared.now(), ev),
             }
         }
     }

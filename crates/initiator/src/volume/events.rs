@@ -7,10 +7,12 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use super::core::Core;
+use super::timeline::EventKind;
 use crate::engine::{Event, PathId};
 
 impl Core {
-    pub(super) fn log(&mut self, ev: Event) {
+    /// Logs an event and keeps it in the volume's timeline (`timeline.rs`).
+    pub(super) fn log(&mut self, now: Duration, ev: Event) {
         let span = match &ev {
             Event::PathFailed { path, .. }
             | Event::Fenced { path, .. }
@@ -45,7 +47,11 @@ impl Core {
                 } else {
                     format!("; {}", parts.join(", "))
                 };
-                warn!("failed: {reason}{tail}");
+                let line = format!("failed: {reason}{tail}");
+                warn!("{line}");
+                let silent = self.engine.path_report(path, now).idle;
+                let moved = held + queued > 0 || !resent.is_empty();
+                self.timeline.path_failed(path.0 + 1, &line, silent, moved);
                 if held == 0
                     && !self.warned_no_fencing
                     && !resent.is_empty()
@@ -59,15 +65,27 @@ impl Core {
                     );
                 }
             }
-            Event::Fenced { fence, resent, .. } => {
+            Event::Fenced {
+                path,
+                fence,
+                resent,
+            } => {
                 let n: usize = resent.iter().map(|(_, n)| n).sum();
-                info!(fence = fence.0, "fenced by the target; {n} writes re-sent");
+                let line = format!("fenced by the target; {n} writes re-sent");
+                info!(fence = fence.0, "{line}");
+                self.timeline.fenced(path.0 + 1, &line);
             }
-            Event::PathRestored { .. } => {
+            Event::PathRestored { path } => {
                 info!("restored");
+                self.timeline.restored(path.0 + 1, "restored");
             }
             Event::NoPathTimeout { failed } => {
-                warn!("no path for longer than the no-path timeout: {failed} requests failed with EIO");
+                let line = format!(
+                    "no path for longer than the no-path timeout: {failed} requests failed with EIO"
+                );
+                warn!("{line}");
+                self.timeline
+                    .record(EventKind::NoPathTimeout, None, line, None);
             }
             Event::TargetRestarted {
                 how,
@@ -75,14 +93,14 @@ impl Core {
                 replay_extents,
                 resent,
             } => {
-                warn!(
-                    replay_bytes,
-                    replay_extents,
-                    resent,
+                let line = format!(
                     "the target restarted ({how}): writing again {replay_extents} writes \
                      ({replay_bytes} bytes) it acknowledged since the last FLUSH and may have \
                      lost, and {resent} pieces of writes still under way, before anything else"
                 );
+                warn!(replay_bytes, replay_extents, resent, "{line}");
+                self.timeline
+                    .record(EventKind::TargetRestarted, None, line, None);
             }
             Event::Replayed {
                 bytes,
@@ -90,29 +108,43 @@ impl Core {
                 failed: None,
                 ..
             } => {
-                info!(
-                    bytes,
-                    ms = took.as_millis() as u64,
-                    "replay done: the restarted target has back what it had acknowledged"
+                let line = "replay done: the restarted target has back what it had acknowledged";
+                info!(bytes, ms = took.as_millis() as u64, "{line}");
+                self.timeline.record(
+                    EventKind::Replayed,
+                    None,
+                    format!("{line} ({bytes} bytes)"),
+                    Some(took),
                 );
             }
             Event::Replayed {
-                failed: Some(why), ..
+                failed: Some(why),
+                took,
+                ..
             } => {
-                error!("replay failed: {why}");
+                let line = format!("replay failed: {why}");
+                error!("{line}");
+                self.timeline
+                    .record(EventKind::Replayed, None, line, Some(took));
             }
-            Event::RestartAlreadyHandled { .. } => {
-                info!(
-                    "the new session was told of a power on or reset: the restart already \
-                     handled (another path that came up since it still answers)"
+            Event::RestartAlreadyHandled { path } => {
+                let line = "the new session was told of a power on or reset: the restart \
+                            already handled (a path that came up since it still answers)";
+                info!("{line}");
+                self.timeline.record(
+                    EventKind::RestartAlreadyHandled,
+                    Some(path.0 + 1),
+                    line,
+                    None,
                 );
             }
             Event::Lost { cause } => {
+                let line = format!("acknowledged writes may have been lost: {cause}");
                 error!(
-                    "acknowledged writes may have been lost: {cause}. Every FLUSH and FUA write \
-                     of this volume fails with EIO until the volume is detached or `braid \
-                     clear-loss` is run"
+                    "{line}. Every FLUSH and FUA write of this volume fails with EIO until the \
+                     volume is detached or `braid clear-loss` is run"
                 );
+                self.timeline.record(EventKind::Lost, None, line, None);
             }
         }
     }

@@ -16,6 +16,7 @@ mod open;
 mod open_iscsi;
 mod plan;
 mod recover;
+mod timeline;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ pub use self::admin::PolicyError;
 pub use self::core::Done;
 use self::core::Shared;
 pub use self::plan::{plan, Plan};
+pub use self::timeline::{EventKind, Timeline, TimelineEvent};
 
 /// How to open a volume.
 #[derive(Clone, Debug)]
@@ -463,9 +465,22 @@ impl Volume {
         drop(core);
         let loss = cleared.map(|(at, cause)| self.loss(at, cause));
         if let Some(l) = &loss {
-            tracing::warn!(cause = %l.cause, "loss of acknowledged writes cleared by the operator");
+            let line = format!(
+                "loss of acknowledged writes cleared by the operator ({})",
+                l.cause
+            );
+            tracing::warn!("{line}");
+            self.shared
+                .lock()
+                .timeline
+                .record(timeline::EventKind::LossCleared, None, line, None);
         }
         loss
+    }
+
+    /// The volume's recent events, and a way to hear of each new one.
+    pub fn timeline(&self) -> Timeline {
+        self.shared.lock().timeline.clone()
     }
 
     /// Disconnects every connection cleanly (NBD_CMD_DISC), bounded in time.

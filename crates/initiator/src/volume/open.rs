@@ -107,6 +107,7 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
             received: Default::default(),
             warned_no_fencing: false,
             span: span.clone(),
+            timeline: Default::default(),
         }),
         epoch,
         settings,

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use braid_target::access::Network;
@@ -19,7 +19,12 @@ use uuid::Uuid;
 use crate::cli::{ServeArgs, UsageError};
 use crate::config::{self, ServeFile};
 use crate::control;
-use crate::rates::{Counts, Rates};
+use crate::rates::Rates;
+
+mod console;
+mod report;
+
+use report::{handler, sample};
 
 /// `braid serve`, checked.
 struct ServeConfig {
@@ -33,7 +38,8 @@ struct ServeConfig {
     volume_ids: HashMap<String, Uuid>,
     state_dir: std::path::PathBuf,
     control: std::path::PathBuf,
-    metrics: Option<std::net::SocketAddr>,
+    /// The console and metrics listener.
+    http: Option<crate::console::Http>,
     /// Port of the iSCSI portals, when iSCSI is served.
     iscsi: Option<u16>,
     /// CHAP credentials every iSCSI login must prove.
@@ -224,14 +230,10 @@ impl ServeConfig {
         } else {
             args.listen
         };
-        let metrics = args
-            .metrics
-            .or(file.metrics)
-            .map(|m| {
-                m.parse()
-                    .map_err(|_| usage(format!("--metrics {m:?}: expected ADDR:PORT")))
-            })
-            .transpose()?;
+        let http = crate::console::settings(
+            args.http.or(file.http).as_deref(),
+            args.http_token.or(file.http_token).as_deref(),
+        )?;
         let iscsi = args.iscsi.or(file.iscsi);
         if iscsi.is_some() && tls.is_some() {
             return Err(usage(
@@ -280,7 +282,7 @@ impl ServeConfig {
             None => braid_target::iscsi::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
-            metrics,
+            http,
             iscsi,
             iscsi_chap,
             iscsi_iqn,
@@ -386,23 +388,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
             })
             .collect();
         let iscsi_handle = iscsi.as_ref().map(|(_, h)| h.clone());
-        let _control = control::serve(
-            &cfg.control,
-            handler(
-                registry,
-                target.exports(),
-                portals_shown,
-                iscsi_handle,
-                rates,
-            ),
-        )?;
-        if let Some(addr) = cfg.metrics {
-            let collector = crate::metrics::target::TargetCollector {
-                registry: target.registry(),
-                exports: target.exports(),
-            };
-            crate::metrics::serve(addr, collector).await?;
-            info!("metrics on http://{addr}/metrics");
+        let handler = handler(
+            registry,
+            target.exports(),
+            portals_shown,
+            iscsi_handle,
+            rates,
+        );
+        let _control = control::serve(&cfg.control, handler.clone())?;
+        if let Some(http) = &cfg.http {
+            console::start(http, &cfg, &target, &portals, handler).await?;
         }
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",
@@ -524,100 +519,4 @@ fn create_if_missing(path: &Path, size: Option<u64>) -> Result<()> {
         .with_context(|| format!("sizing {} to {}", path.display(), format_size(size)))?;
     info!("created {} ({}, sparse)", path.display(), format_size(size));
     Ok(())
-}
-
-fn conn_counts(c: &braid_target::registry::Conn) -> Counts {
-    use std::sync::atomic::Ordering::Relaxed;
-    Counts {
-        read_bytes: c.stats.read_bytes.load(Relaxed),
-        written_bytes: c.stats.written_bytes.load(Relaxed),
-        reads: c.stats.reads.load(Relaxed),
-        writes: c.stats.writes.load(Relaxed),
-    }
-}
-
-async fn sample(registry: Arc<braid_target::registry::Registry>, rates: Arc<Mutex<Rates>>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let snap = registry
-            .list()
-            .iter()
-            .map(|c| (format!("conn/{}", c.id), conn_counts(c)))
-            .collect();
-        rates
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(Instant::now(), snap);
-    }
-}
-
-fn handler(
-    registry: Arc<braid_target::registry::Registry>,
-    exports: Arc<Exports>,
-    portals: Vec<String>,
-    iscsi: Option<braid_target::iscsi::IscsiHandle>,
-    rates: Arc<Mutex<Rates>>,
-) -> control::Handler {
-    use crate::ctl;
-    Arc::new(move |req: ctl::Request| {
-        match req {
-            ctl::Request::Status => {}
-            ctl::Request::Alua { portal, state } => {
-                let ack = crate::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
-                return serde_json::to_value(ack).unwrap_or_default();
-            }
-            _ => {
-                let no = ctl::Ack::refused("braid serve answers op status and alua");
-                return serde_json::to_value(no).unwrap_or_default();
-            }
-        }
-        let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let connections = registry
-            .list()
-            .iter()
-            .map(|c| {
-                use std::sync::atomic::Ordering::Relaxed;
-                let counts = conn_counts(c);
-                let r = rates.rate(&format!("conn/{}", c.id), counts, now);
-                ctl::ConnStatus {
-                    id: c.id.to_string(),
-                    peer: c.peer.clone(),
-                    portal: c.portal.clone(),
-                    export: c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-                    read_bytes_per_s: r.read_bytes,
-                    write_bytes_per_s: r.written_bytes,
-                    read_iops: r.reads,
-                    write_iops: r.writes,
-                    read_bytes: counts.read_bytes,
-                    written_bytes: counts.written_bytes,
-                    reads: counts.reads,
-                    writes: counts.writes,
-                    others: c.stats.others.load(Relaxed),
-                    errors: c.stats.errors.load(Relaxed),
-                    inflight: c.inflight(),
-                }
-            })
-            .collect();
-        let exports = exports
-            .iter()
-            .map(|e| ctl::ExportStatus {
-                name: e.name.clone(),
-                description: e.description.clone(),
-                size: e.size(),
-                read_only: e.read_only,
-                identity: e.volume.to_string(),
-            })
-            .collect();
-        let status = ctl::Status::Serve {
-            ok: true,
-            pid: std::process::id(),
-            portals: portals.clone(),
-            exports,
-            connections,
-            iscsi: iscsi.as_ref().map(crate::iscsi::status),
-        };
-        serde_json::to_value(status).unwrap_or_default()
-    })
 }

@@ -1,0 +1,109 @@
+//! What a running `braid serve` tells: the control socket's answers
+//! (status, ALUA changes) and the per-connection rates behind them.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use braid_target::Exports;
+
+use crate::control;
+use crate::rates::{Counts, Rates};
+
+fn conn_counts(c: &braid_target::registry::Conn) -> Counts {
+    use std::sync::atomic::Ordering::Relaxed;
+    Counts {
+        read_bytes: c.stats.read_bytes.load(Relaxed),
+        written_bytes: c.stats.written_bytes.load(Relaxed),
+        reads: c.stats.reads.load(Relaxed),
+        writes: c.stats.writes.load(Relaxed),
+    }
+}
+
+pub(super) async fn sample(
+    registry: Arc<braid_target::registry::Registry>,
+    rates: Arc<Mutex<Rates>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let snap = registry
+            .list()
+            .iter()
+            .map(|c| (format!("conn/{}", c.id), conn_counts(c)))
+            .collect();
+        rates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(Instant::now(), snap);
+    }
+}
+
+pub(super) fn handler(
+    registry: Arc<braid_target::registry::Registry>,
+    exports: Arc<Exports>,
+    portals: Vec<String>,
+    iscsi: Option<braid_target::iscsi::IscsiHandle>,
+    rates: Arc<Mutex<Rates>>,
+) -> control::Handler {
+    use crate::ctl;
+    Arc::new(move |req: ctl::Request| {
+        match req {
+            ctl::Request::Status => {}
+            ctl::Request::Alua { portal, state } => {
+                let ack = crate::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
+                return serde_json::to_value(ack).unwrap_or_default();
+            }
+            _ => {
+                let no = ctl::Ack::refused("braid serve answers op status and alua");
+                return serde_json::to_value(no).unwrap_or_default();
+            }
+        }
+        let rates = rates.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let connections = registry
+            .list()
+            .iter()
+            .map(|c| {
+                use std::sync::atomic::Ordering::Relaxed;
+                let counts = conn_counts(c);
+                let r = rates.rate(&format!("conn/{}", c.id), counts, now);
+                ctl::ConnStatus {
+                    id: c.id.to_string(),
+                    peer: c.peer.clone(),
+                    portal: c.portal.clone(),
+                    export: c.export.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+                    read_bytes_per_s: r.read_bytes,
+                    write_bytes_per_s: r.written_bytes,
+                    read_iops: r.reads,
+                    write_iops: r.writes,
+                    read_bytes: counts.read_bytes,
+                    written_bytes: counts.written_bytes,
+                    reads: counts.reads,
+                    writes: counts.writes,
+                    others: c.stats.others.load(Relaxed),
+                    errors: c.stats.errors.load(Relaxed),
+                    inflight: c.inflight(),
+                }
+            })
+            .collect();
+        let exports = exports
+            .iter()
+            .map(|e| ctl::ExportStatus {
+                name: e.name.clone(),
+                description: e.description.clone(),
+                size: e.size(),
+                read_only: e.read_only,
+                identity: e.volume.to_string(),
+            })
+            .collect();
+        let status = ctl::Status::Serve {
+            ok: true,
+            pid: std::process::id(),
+            portals: portals.clone(),
+            exports,
+            connections,
+            iscsi: iscsi.as_ref().map(crate::iscsi::status),
+        };
+        serde_json::to_value(status).unwrap_or_default()
+    })
+}
