@@ -355,6 +355,9 @@ pub fn to_json(p: &Plan, o: &Outcome) -> serde_json::Value {
                 // What the initiator believes of the path at the end.
                 "estimated_mb_per_s": after.figures.throughput / 1e6,
                 "estimated_latency_us": after.figures.base_latency.as_micros() as u64,
+                // The path's queue depth (0: none) and the most it held.
+                "queue_depth": after.figures.config.queue_depth,
+                "max_inflight": after.figures.counters.max_inflight,
             })
         })
         .collect();

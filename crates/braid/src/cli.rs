@@ -362,7 +362,7 @@ pub struct PathArgs {
     /// The path number, as `braid status` shows it
     pub path: usize,
     /// enable, disable, or knobs to set: priority=N, weight=N, standby=yes|no,
-    /// relative-throughput=N, repeat-count=N
+    /// relative-throughput=N, repeat-count=N, queue-depth=N (0: no limit)
     #[arg(required = true, num_args = 1..)]
     pub action: Vec<String>,
     /// The attach's control socket [default: found in /run/braid/ctl]
@@ -409,8 +409,10 @@ pub struct MultipathArgs {
     /// 10.0.1.5@eth1,weight=3,priority=1 or @eth2,standby (repeatable).
     /// Keys: priority (failover order, lower first), weight (weighted,
     /// lower first), standby (round-robin-subset), relative-throughput
-    /// (service-time), repeat-count (round-robin). Its portal joins those
-    /// in use (advertised, or --portal), its local side joins --local
+    /// (service-time), repeat-count (round-robin), queue-depth (every
+    /// policy: the most requests in flight on the path; a full path is
+    /// skipped as a busy one). Its portal joins those in use (advertised,
+    /// or --portal), its local side joins --local
     #[arg(long = "path", value_name = "PORTAL@LOCAL,KEY=VALUE")]
     pub paths: Vec<braid_initiator::PathRule>,
 

@@ -182,6 +182,10 @@ pub struct PathStatus {
     pub write_iops: f64,
     pub inflight_requests: u32,
     pub inflight_bytes: u64,
+    /// The most requests the path may hold in flight (`queue-depth`; 0 is
+    /// no limit), and the most it has held.
+    pub queue_depth: u32,
+    pub max_inflight: u32,
     pub latency_p50_us: u64,
     pub latency_p99_us: u64,
     pub latency_p999_us: u64,

@@ -72,7 +72,8 @@ fn ms(us: u64) -> String {
 }
 
 /// What `attach::knobs` says of a path nobody configured.
-const DEFAULT_KNOBS: &str = "priority=0 weight=0 standby=no relative-throughput=1 repeat-count=0";
+const DEFAULT_KNOBS: &str =
+    "priority=0 weight=0 standby=no relative-throughput=1 repeat-count=0 queue-depth=0";
 
 /// The topology as a tree, like `multipath -ll`.
 pub fn render(s: &Status) -> String {
@@ -186,8 +187,12 @@ fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
             "{branch} path {} {route} {} ({} conn)\n",
             p.index, p.state, p.connections
         ));
+        let depth = match p.queue_depth {
+            0 => String::new(),
+            d => format!(" (queue depth {d}, at most {} held)", p.max_inflight),
+        };
         out.push_str(&format!(
-            "{cont}   read {} {:.0} IOPS, write {} {:.0} IOPS, in flight {} / {}\n",
+            "{cont}   read {} {:.0} IOPS, write {} {:.0} IOPS, in flight {} / {}{depth}\n",
             mb(p.read_bytes_per_s),
             p.read_iops,
             mb(p.write_bytes_per_s),

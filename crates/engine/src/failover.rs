@@ -82,6 +82,7 @@ impl Engine {
         for piece in waiting {
             self.dispatch(now, piece);
         }
+        self.release_backlog(now);
         self.release_held(now);
     }
 
@@ -177,6 +178,7 @@ impl Engine {
         }));
         self.schedule_reconnect(path);
         self.witness_lost(now, path.0);
+        self.release_backlog(now);
         self.release_held(now);
     }
 
@@ -281,6 +283,7 @@ impl Engine {
         }
         self.expire(now);
         self.confirm_deadlines(now);
+        self.release_backlog(now);
         self.release_held(now);
     }
 

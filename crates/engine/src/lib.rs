@@ -33,6 +33,7 @@ mod access;
 mod access_tests;
 mod api;
 mod counters;
+mod depth;
 mod failover;
 #[cfg(test)]
 mod fence_tests;
@@ -249,6 +250,10 @@ pub struct Engine {
     held_flushes: Vec<(Piece, u64)>,
     /// Pieces waiting for any usable path.
     waiting: VecDeque<Piece>,
+    /// Pieces waiting for room on a path at its queue depth (`depth.rs`),
+    /// and whether the last views left out a path only for its depth.
+    backlog: VecDeque<Piece>,
+    depth_full: bool,
     /// READs and WRITEs the policy holds until replies tell it more
     /// (see `Policy::hold`), in submission order, with when each came.
     held: VecDeque<(ReqId, Submit, Duration)>,
@@ -298,6 +303,8 @@ impl Engine {
             open_writes: BTreeSet::new(),
             held_flushes: Vec::new(),
             waiting: VecDeque::new(),
+            backlog: VecDeque::new(),
+            depth_full: false,
             held: VecDeque::new(),
             fences: BTreeMap::new(),
             next_fence: 1,
@@ -393,6 +400,8 @@ impl Engine {
         for piece in waiting {
             self.dispatch(now, piece);
         }
+        // A deeper queue has room now.
+        self.release_backlog(now);
     }
 
     /// Places a piece on the best usable path, or queues it. Returns the
@@ -430,6 +439,10 @@ impl Engine {
                 self.send(now, piece, path);
                 Some(path)
             }
+            _ if self.only_full() => {
+                self.to_backlog(piece);
+                None
+            }
             _ => {
                 if self.cfg.no_path_timeout == Some(Duration::ZERO) {
                     self.fail_piece(now, piece);
@@ -452,6 +465,11 @@ impl Engine {
                 f.held.push(piece);
                 return;
             }
+        }
+        if self.paths[path].full() {
+            // A plan made before the path filled: place it again.
+            self.dispatch(now, piece);
+            return;
         }
         let Some(conn) = self.paths[path].pick_conn() else {
             self.waiting.push_back(piece);
@@ -508,6 +526,7 @@ impl Engine {
         self.views.clear();
         self.views.extend(self.paths.iter().map(|p| p.view(now)));
         access::apply(&self.paths, &mut self.views);
+        self.depth_full = depth::apply(&self.paths, &mut self.views);
         // A path measured slow and then starved (sent too little to be kept
         // full, so never measured again) would stay starved: after a while
         // without a sample its estimate is forgotten, so the policy tries it

@@ -47,6 +47,10 @@ pub struct PathConfig {
     /// `round-robin`, `round-robin-subset`: consecutive requests per turn;
     /// 0 takes the policy's own.
     pub repeat_count: u32,
+    /// Every policy: the most requests kept in flight on the path (0: no
+    /// limit). A full path is skipped like a busy one; what no path has
+    /// room for waits in order for the first that has.
+    pub queue_depth: u32,
 }
 
 /// One connection of a path.
@@ -77,6 +81,8 @@ pub struct PathCounters {
     pub restores: u64,
     /// Chunks moved from this path to others when it failed.
     pub resent: u64,
+    /// The most requests the path has held in flight at once.
+    pub max_inflight: u32,
 }
 
 #[derive(Debug)]
@@ -203,6 +209,11 @@ impl Path {
         }
     }
 
+    /// At its queue depth: nothing more may be sent on it for now.
+    pub fn full(&self) -> bool {
+        self.config.queue_depth > 0 && self.inflight_requests() >= self.config.queue_depth
+    }
+
     pub fn usable(&self) -> bool {
         self.state == PathState::Active && self.enabled && self.conns.iter().any(|c| c.up)
     }
@@ -251,6 +262,7 @@ impl Path {
         let c = &mut self.conns[conn];
         c.inflight_requests += 1;
         c.inflight_bytes += bytes;
+        self.counters.max_inflight = self.counters.max_inflight.max(self.inflight_requests());
         self.last_activity = now;
         if self.full_since.is_none() && self.inflight_bytes() >= self.saturated() {
             self.full_since = Some(now);

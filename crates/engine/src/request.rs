@@ -84,6 +84,7 @@ impl Engine {
     /// sent. Replies for chunks already moved elsewhere are ignored.
     pub fn reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
         self.take_reply(now, cookie, outcome);
+        self.release_backlog(now);
         self.release_held(now);
     }
 

@@ -472,3 +472,44 @@ fn a_late_reply_on_a_connection_the_peer_no_longer_answers_fails_the_path() {
         Action::Event(Event::PathFailed { reason, .. }) if reason.contains("does not answer")
     )));
 }
+
+#[test]
+fn a_full_path_is_skipped_and_what_no_path_has_room_for_waits_in_order() {
+    for policy in braid_policy::NAMES {
+        let mut h = Harness::new(policy, 0, EngineConfig::default());
+        for (i, depth) in [1u32, 3].into_iter().enumerate() {
+            let p = h.e.add_path(
+                PathConfig {
+                    queue_depth: depth,
+                    ..PathConfig::default()
+                },
+                Duration::ZERO,
+            );
+            h.e.path_up(Duration::ZERO, p, vec![Some(ConnId(i as u128))], true);
+        }
+        h.pump();
+        h.sent.clear();
+        let reqs: Vec<ReqId> = (0..10)
+            .map(|i| h.submit(Op::Read, i * 4096, 4096))
+            .collect();
+        let on = |h: &Harness, p: usize| h.sent.iter().filter(|s| s.path.0 == p).count();
+        assert!(on(&h, 0) <= 1 && on(&h, 1) <= 3, "{policy}: {:?}", h.sent);
+        assert_eq!(h.sent.len(), 4, "{policy}: every slot used, the rest wait");
+        // Replies free slots; the backlog goes in order, never past a depth.
+        let mut answered = 0;
+        while answered < 10 {
+            let s = h.sent.remove(0);
+            h.e.reply(h.now, s.cookie, Ok(()));
+            h.pump();
+            answered += 1;
+            assert!(on(&h, 0) <= 1 && on(&h, 1) <= 3, "{policy}: {:?}", h.sent);
+        }
+        for r in reqs {
+            assert_eq!(h.done[&r], Ok(()), "{policy}");
+        }
+        for p in 0..2 {
+            let max = h.e.path_report(PathId(p), h.now).counters.max_inflight;
+            assert!(max <= [1, 3][p], "{policy}: path {p} held {max}");
+        }
+    }
+}

@@ -6,7 +6,9 @@
 //! [`crate::engine::PathConfig`]): `priority` (failover order, lower
 //! first), `weight` (weighted paths, lower first), `standby`
 //! (round-robin-subset's standby set), `relative-throughput` (service-time)
-//! and `repeat-count` (round-robin's requests per turn, dm's `rr_min_io`).
+//! `repeat-count` (round-robin's requests per turn, dm's `rr_min_io`) and
+//! `queue-depth` (every policy: the most requests kept in flight on the
+//! path).
 //! This module parses and matches; the volume applies.
 
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +29,7 @@ pub struct PathAttrs {
     pub relative_throughput: Option<u32>,
     pub standby: Option<bool>,
     pub repeat_count: Option<u32>,
+    pub queue_depth: Option<u32>,
 }
 
 impl PathAttrs {
@@ -56,6 +59,7 @@ impl PathAttrs {
                     a.relative_throughput = Some(number()?);
                 }
                 "repeat-count" | "repeat_count" => a.repeat_count = Some(number()?),
+                "queue-depth" | "queue_depth" => a.queue_depth = Some(number()?),
                 "standby" => {
                     a.standby = Some(match value {
                         None | Some("yes" | "true" | "1" | "on") => true,
@@ -66,7 +70,7 @@ impl PathAttrs {
                 _ => {
                     return Err(format!(
                         "{item:?}: unknown path setting {key:?}; there are priority, weight, \
-                         standby, relative-throughput and repeat-count"
+                         standby, relative-throughput, repeat-count and queue-depth"
                     ))
                 }
             }
@@ -90,6 +94,9 @@ impl PathAttrs {
         }
         if let Some(v) = self.repeat_count {
             config.repeat_count = v;
+        }
+        if let Some(v) = self.queue_depth {
+            config.queue_depth = v;
         }
     }
 

@@ -74,7 +74,7 @@ impl Source for AttachSource {
                             failures: p.failures,
                             restores: p.restores,
                             config: p.config.clone(),
-                            depth_limit: None,
+                            depth_limit: (p.queue_depth > 0).then_some(p.queue_depth),
                         }
                     })
                     .collect();

@@ -68,6 +68,8 @@ pub fn volume_status(a: &Attached, rates: &Rates, window: Duration) -> ctl::Volu
                 write_iops: r.writes,
                 inflight_requests: f.inflight_requests,
                 inflight_bytes: f.inflight_bytes,
+                queue_depth: f.config.queue_depth,
+                max_inflight: f.counters.max_inflight,
                 // The user's requests over the last 10 s and minute, as
                 // iostat shows them; probes left out.
                 latency_p50_us: us(&f.latency_10s, 0.5),
@@ -206,11 +208,12 @@ fn loss_status(l: &braid_initiator::Loss) -> ctl::LossStatus {
 /// A path's knobs as `braid status` and the logs show them.
 pub fn knobs(c: &braid_initiator::engine::PathConfig) -> String {
     format!(
-        "priority={} weight={} standby={} relative-throughput={} repeat-count={}",
+        "priority={} weight={} standby={} relative-throughput={} repeat-count={} queue-depth={}",
         c.priority,
         c.weight,
         if c.standby { "yes" } else { "no" },
         c.relative_throughput.max(1),
-        c.repeat_count
+        c.repeat_count,
+        c.queue_depth
     )
 }
