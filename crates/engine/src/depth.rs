@@ -32,7 +32,7 @@ impl Engine {
         self.depth_full
     }
 
-    pub(super) fn to_backlog(&mut self, piece: Piece) {
+    pub(super) fn wait_for_room(&mut self, piece: Piece) {
         self.backlog.push_back(piece);
     }
 

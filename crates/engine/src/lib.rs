@@ -440,7 +440,7 @@ impl Engine {
                 Some(path)
             }
             _ if self.only_full() => {
-                self.to_backlog(piece);
+                self.wait_for_room(piece);
                 None
             }
             _ => {
