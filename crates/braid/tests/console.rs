@@ -224,8 +224,13 @@ fn actions_need_the_token_in_a_header_from_the_same_origin() {
     b.wait_for(Duration::from_secs(5), LIVE)
         .expect("the push stream");
     b.eval(
-        "window.__shift = 0; new PerformanceObserver(l => l.getEntries().forEach(e => { \
-         if (!e.hadRecentInput) window.__shift += e.value; })) \
+        "window.__shift = 0; window.__moved = []; \
+         new PerformanceObserver(l => l.getEntries().forEach(e => { \
+         if (e.hadRecentInput) return; window.__shift += e.value; \
+         (e.sources || []).forEach(s => window.__moved.push( \
+         (s.node ? (s.node.id || s.node.className || s.node.nodeName) : '?') + ' ' + \
+         JSON.stringify([s.previousRect.y, s.previousRect.height]) + ' -> ' + \
+         JSON.stringify([s.currentRect.y, s.currentRect.height]))); })) \
          .observe({type: 'layout-shift', buffered: false}); return true;",
     );
     let stop = AtomicBool::new(false);
@@ -242,7 +247,8 @@ fn actions_need_the_token_in_a_header_from_the_same_origin() {
         let shift = b.eval("return window.__shift;").as_f64().unwrap_or(1.0);
         assert!(
             shift < 0.001,
-            "the layout shifted by {shift} as figures changed"
+            "the layout shifted by {shift} as figures changed: {}",
+            b.eval("return window.__moved;")
         );
         b.resize(390, 844);
         let wide = b.eval("return document.documentElement.scrollWidth - window.innerWidth;");

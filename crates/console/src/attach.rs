@@ -52,7 +52,7 @@ pub fn body(v: &AttachView, actions: bool) -> String {
              <th>path</th><th>local</th><th>portal</th><th>state</th><th>ALUA</th>\
              <th class=\"n\">conns</th><th class=\"n\">read MB/s</th><th class=\"n\">write MB/s</th>\
              <th class=\"n\">IOPS</th><th class=\"n\">p50 ms</th><th class=\"n\">p99 ms</th>\
-             <th class=\"n\">in flight</th><th>share</th><th class=\"n\">depth limit</th>\
+             <th class=\"n infl\">in flight</th><th class=\"share\">share</th><th class=\"n\">depth limit</th>\
              <th class=\"n\">errors</th><th class=\"n\">failovers</th><th class=\"n\">failbacks</th>\
              {act}</tr></thead>{rows}</table></div>\
              <div class=\"charts\" data-volume=\"{name}\">{charts}</div>\
@@ -127,19 +127,22 @@ fn policy_form(vol: &VolumeView, policies: &[String], actions: bool) -> String {
 }
 
 fn ident(v: &VolumeView) -> String {
-    let replay = if !v.replay.available {
+    let r = &v.replay;
+    let replay = if let Some(lost) = &r.lost {
+        format!(
+            "LOST: {lost}; {} FLUSH/FUA failed until braid clear-loss",
+            r.lost_flushes
+        )
+    } else if !r.available {
         "unavailable: the target does not say when it restarts".to_owned()
+    } else if r.replaying {
+        "replaying to the restarted target".to_owned()
     } else {
         format!(
-            "{} held{}, {} replays, {} lost flushes",
-            size(v.replay.window_bytes),
-            if v.replay.overflowed {
-                " (over the window)"
-            } else {
-                ""
-            },
-            v.replay.replays,
-            v.replay.lost_flushes
+            "{} held{}, {} replays",
+            size(r.window_bytes),
+            if r.overflowed { " (window full)" } else { "" },
+            r.replays
         )
     };
     let rows = [
@@ -159,8 +162,15 @@ fn ident(v: &VolumeView) -> String {
         ),
         ("replay", replay),
     ];
+    // One line each, whatever the figures: a value that wrapped onto a
+    // second line as it grew would move everything under it.
     rows.iter()
-        .map(|(k, val)| format!("<div><dt>{k}</dt><dd>{}</dd></div>", esc(val)))
+        .map(|(k, val)| {
+            format!(
+                "<div><dt>{k}</dt><dd title=\"{t}\">{t}</dd></div>",
+                t = esc(val)
+            )
+        })
         .collect()
 }
 

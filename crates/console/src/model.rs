@@ -49,6 +49,13 @@ pub struct ReplayView {
     pub overflowed: bool,
     pub replays: u64,
     pub lost_flushes: u64,
+    /// A replay is under way: new requests wait for it.
+    #[serde(default)]
+    pub replaying: bool,
+    /// Acknowledged writes may be gone (every FLUSH and FUA write fails):
+    /// when it was found and why.
+    #[serde(default)]
+    pub lost: Option<String>,
 }
 
 /// One path of a volume, with rates over the last seconds.

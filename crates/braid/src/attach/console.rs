@@ -92,6 +92,8 @@ impl Source for AttachSource {
                         overflowed: report.replay.overflowed,
                         replays: report.replay.replays,
                         lost_flushes: report.replay.lost_flushes,
+                        replaying: report.replay.replaying,
+                        lost: report.replay.lost.as_ref().map(|l| l.cause.clone()),
                     },
                     paths,
                     events: (a.volume.timeline().recent().iter())
