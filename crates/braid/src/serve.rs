@@ -319,6 +319,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let portals = resolved.portals;
     let mut gateway = crate::gateway::Gateway::new(cfg.ceph.clone());
     let exports = open_exports(&cfg, &mut gateway)?;
+    // Durable before any connection id is issued under its tag, so that a
+    // restart after a power cut still answers fences of this process.
+    let lineage = braid_target::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
+        format!(
+            "recording this server in {} (choose a writable --state-dir)",
+            cfg.state_dir.display()
+        )
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -326,6 +334,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let signals = crate::signals::Signals::install()?;
         let mut target = Target::bind(exports, &portals, cfg.limits.clone())?;
+        target.registry().adopt(lineage);
         if let Some((cert, key, ca)) = &cfg.tls {
             target.set_tls(crate::tls::server(cert, key, ca.as_deref())?);
             info!(
