@@ -544,6 +544,14 @@ pub struct ServeArgs {
     #[arg(long = "read-only-export", value_name = "NAME")]
     pub read_only_exports: Vec<String>,
 
+    /// Serve writable images on a network file system (NFS, SMB, CephFS,
+    /// GlusterFS, ...) even though braid's lock on an image holds on this
+    /// host only: a braid serve, qemu or mount on another host would not
+    /// see it and could write the same image. Only when this host alone
+    /// uses the image
+    #[arg(long)]
+    pub allow_network_fs: bool,
+
     /// Create missing file sources as sparse files of this size (e.g. 10GiB)
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,

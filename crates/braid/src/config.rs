@@ -17,6 +17,9 @@ pub struct ServeFile {
     pub listen: Vec<String>,
     #[serde(default)]
     pub read_only: bool,
+    /// Serve writable images on a network file system (`--allow-network-fs`).
+    #[serde(default)]
+    pub allow_network_fs: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
     pub metrics: Option<String>,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use braid_target::backend::{Backend, FileBackend};
-use braid_target::identity::IdentityStore;
+use braid_target::identity::{IdentityStore, Want};
 use braid_target::source::{format_size, Source};
 use braid_target::{Export, Exports};
-use tracing::info;
+use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::ServeConfig;
@@ -43,6 +43,7 @@ pub(super) fn open(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> 
             ),
             Source::File(path) => {
                 create_if_missing(path, cfg.create.get(&spec.name).copied())?;
+                shared_with_other_hosts(path, &spec.name, read_only, cfg.allow_network_fs)?;
                 let b = FileBackend::open(path, read_only)
                     .with_context(|| format!("export {:?}", spec.name))?;
                 (Arc::new(b), path.display().to_string())
@@ -53,7 +54,12 @@ pub(super) fn open(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> 
             (Source::Mem(_), Some(id)) => *id,
             (Source::Mem(_), None) => Uuid::new_v4(),
             (Source::File(path), explicit) => {
-                identity(&mut store, &cfg.state_dir, path, explicit.copied())?
+                let want = Want {
+                    export: &spec.name,
+                    read_only,
+                    explicit: explicit.copied(),
+                };
+                identity(&mut store, &cfg.state_dir, path, want)?
             }
             (Source::Rbd(_), _) => unreachable!("opened above"),
         };
@@ -61,14 +67,35 @@ pub(super) fn open(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> 
         export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
         list.push(Arc::new(export));
     }
+    one_identity_each(&list)?;
     Ok(Exports::new(list))
+}
+
+/// Refuses two exports with one identity: an initiator would take them
+/// for paths to one volume and spread its I/O over two disks.
+fn one_identity_each(exports: &[Arc<Export>]) -> Result<()> {
+    for (i, a) in exports.iter().enumerate() {
+        if let Some(b) = exports[i + 1..].iter().find(|b| b.volume == a.volume) {
+            bail!(
+                "exports {:?} ({}) and {:?} ({}) have one volume identity, {}: initiators would \
+                 take them for one volume and mix their data. Give each its own (drop the \
+                 --volume-id that repeats the other's), or serve one of them",
+                a.name,
+                a.description,
+                b.name,
+                b.description,
+                a.volume
+            );
+        }
+    }
+    Ok(())
 }
 
 fn identity(
     store: &mut Option<IdentityStore>,
     dir: &Path,
     path: &Path,
-    explicit: Option<Uuid>,
+    want: Want<'_>,
 ) -> Result<Uuid> {
     if store.is_none() {
         *store = Some(
@@ -77,17 +104,52 @@ fn identity(
         );
     }
     let store = store.as_mut().expect("opened above");
-    let result = match explicit {
-        Some(id) => store.set(path, id).map(|()| id),
-        None => store.identity(path),
-    };
-    result.with_context(|| {
+    store.resolve(path, want).with_context(|| {
         format!(
             "saving the volume identity of {} in {} (choose a writable --state-dir)",
             path.display(),
             store.path().display()
         )
     })
+}
+
+/// Refuses a writable image on a network file system unless
+/// `--allow-network-fs` accepts it, and says at start that its lock holds
+/// on this host only.
+fn shared_with_other_hosts(
+    path: &Path,
+    export: &str,
+    read_only: bool,
+    allowed: bool,
+) -> Result<()> {
+    let fs = braid_target::backend::netfs::network_fs(path)
+        .with_context(|| format!("export {export:?}: examining {}", path.display()))?;
+    let Some(fs) = fs else { return Ok(()) };
+    if read_only {
+        warn!(
+            "{}, served as {export:?}, is on {fs}, shared with other hosts: braid's lock on it \
+             holds on this host only, so another host may change it while this one serves it \
+             read-only",
+            path.display()
+        );
+        return Ok(());
+    }
+    if !allowed {
+        bail!(
+            "export {export:?}: {} is on {fs}, a file system other hosts share, and braid's lock \
+             on an image holds on this host only: a braid serve, qemu or mount on another host \
+             would not see it and could write the same image, which corrupts it. Move the image \
+             to a local disk, or serve it from this host alone and say so with \
+             --allow-network-fs (allow_network_fs = true in serve.toml)",
+            path.display()
+        );
+    }
+    warn!(
+        "{}, served as {export:?}, is on {fs}: locked on this host only (--allow-network-fs); \
+         no other host may serve, run or mount it while this one serves it",
+        path.display()
+    );
+    Ok(())
 }
 
 fn create_if_missing(path: &Path, size: Option<u64>) -> Result<()> {

@@ -29,6 +29,8 @@ struct ServeConfig {
     read_only: bool,
     /// Exports that refuse writes when the whole server does not.
     read_only_exports: std::collections::HashSet<String>,
+    /// Writable images may be on a network file system.
+    allow_network_fs: bool,
     /// Size to create each missing file source with, by export name.
     create: HashMap<String, u64>,
     volume_ids: HashMap<String, Uuid>,
@@ -289,6 +291,7 @@ impl ServeConfig {
             default_listen,
             read_only: args.read_only,
             read_only_exports: args.read_only_exports.into_iter().collect(),
+            allow_network_fs: args.allow_network_fs || file.allow_network_fs,
             create,
             volume_ids,
             state_dir: args

@@ -33,8 +33,9 @@ pub const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 /// `braid serve` flags that take no value. Every other flag written as
 /// `--flag VALUE` is followed by its value, which is not an export even
 /// when it looks like one (`--allow vol=10.0.0.0/8`).
-const BOOL_FLAGS: [&str; 8] = [
+const BOOL_FLAGS: [&str; 9] = [
     "--read-only",
+    "--allow-network-fs",
     "--rbd-cache",
     "-v",
     "-vv",
