@@ -593,6 +593,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PREFIX", requires = "iscsi")]
     pub iscsi_iqn: Option<String>,
 
+    /// Turn the iSCSI write cache of this export on (repeatable): WRITEs
+    /// are then answered from the page cache and made durable by
+    /// SYNCHRONIZE CACHE, which Linux (open-iscsi) and Windows send.
+    /// VMware ESXi never sends it: leave its datastores write-through, the
+    /// default (WCE 0: every WRITE on stable storage before GOOD). An
+    /// initiator may change it with MODE SELECT, which --state-dir keeps
+    #[arg(long = "iscsi-write-cache", value_name = "NAME", requires = "iscsi")]
+    pub iscsi_write_cache: Vec<String>,
+
     /// Require CHAP of every iSCSI login, with the credentials in FILE
     /// (TOML: user, secret, and for mutual CHAP target_user and
     /// target_secret; secrets of 12 to 255 bytes; keep the file 0600)

@@ -70,6 +70,10 @@ pub struct ServeExport {
     /// Refuse writes to this export (`--read-only-export NAME`).
     #[serde(default)]
     pub read_only: bool,
+    /// Its iSCSI unit starts with the write cache on
+    /// (`--iscsi-write-cache NAME`).
+    #[serde(default)]
+    pub iscsi_write_cache: bool,
 }
 
 /// `braid attach --config FILE`.

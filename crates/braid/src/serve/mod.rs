@@ -43,6 +43,8 @@ struct ServeConfig {
     iscsi_chap: Option<braid_iscsi::chap::Credentials>,
     /// What every iSCSI target name starts with.
     iscsi_iqn: String,
+    /// Exports whose iSCSI units start with the write cache on.
+    iscsi_write_cache: std::collections::HashSet<String>,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -78,6 +80,9 @@ impl ServeConfig {
             }
             if e.read_only {
                 args.read_only_exports.push(e.name.clone());
+            }
+            if e.iscsi_write_cache {
+                args.iscsi_write_cache.push(e.name.clone());
             }
         }
         // A flag wins over its key in the file.
@@ -121,6 +126,13 @@ impl ServeConfig {
             if !seen.contains(name) {
                 return Err(usage(format!(
                     "--read-only-export {name:?}: there is no export of that name"
+                )));
+            }
+        }
+        for name in &args.iscsi_write_cache {
+            if !seen.contains(name) {
+                return Err(usage(format!(
+                    "--iscsi-write-cache {name:?}: there is no export of that name"
                 )));
             }
         }
@@ -275,6 +287,11 @@ impl ServeConfig {
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
         }
+        if !args.iscsi_write_cache.is_empty() && iscsi.is_none() {
+            return Err(usage(
+                "iscsi_write_cache without iscsi: set the iSCSI port too",
+            ));
+        }
         let iscsi_iqn = match args.iscsi_iqn.or(file.iscsi_iqn) {
             Some(_) if iscsi.is_none() => {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
@@ -287,6 +304,7 @@ impl ServeConfig {
             iscsi,
             iscsi_chap,
             iscsi_iqn,
+            iscsi_write_cache: args.iscsi_write_cache.into_iter().collect(),
             listen,
             default_listen,
             read_only: args.read_only,
@@ -359,7 +377,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     chap: cfg.iscsi_chap.clone(),
                     state_dir: Some(cfg.state_dir.clone()),
+                    write_cache: cfg.iscsi_write_cache.clone(),
                     limits: cfg.limits.clone(),
+                    instance: target.instance().0,
                 };
                 Some(crate::iscsi::start(&target, &portals, port, settings).await?)
             }

@@ -35,6 +35,8 @@ impl Reply {
 }
 
 pub const GOOD: u8 = 0x00;
+/// UNIT ATTENTION, POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+pub const POWER_ON: (u8, u8, u8) = (0x6, 0x29, 0x00);
 pub const CHECK_CONDITION: u8 = 0x02;
 pub const RESERVATION_CONFLICT: u8 = 0x18;
 
@@ -99,8 +101,22 @@ impl Initiator {
         Self::login_as(addr, target, &DEFAULT_INITIATOR)
     }
 
-    /// Logs in as `who`.
+    /// Logs in as `who`, and takes the power on unit attention a port new
+    /// to the target is owed with a TEST UNIT READY, as initiators do
+    /// first.
     pub fn login_as(addr: std::net::SocketAddr, target: &str, who: &LoginAs) -> Initiator {
+        let mut i = Self::login_raw_as(addr, target, who);
+        let r = i.exec(&[0, 0, 0, 0, 0, 0], &[], 0);
+        assert!(
+            r.good() || r.sense == Some(POWER_ON),
+            "TEST UNIT READY after login: {r:?}"
+        );
+        i
+    }
+
+    /// Logs in as `who`, sending nothing else: unit attentions the target
+    /// owes the new nexus are still pending.
+    pub fn login_raw_as(addr: std::net::SocketAddr, target: &str, who: &LoginAs) -> Initiator {
         let stream = TcpStream::connect(addr).expect("connect to the iSCSI portal");
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
