@@ -9,6 +9,7 @@
 
 mod common;
 mod iscsikit;
+mod tgtkit;
 
 use common::{free_port, nbdsh, tool, Serve};
 use iscsikit::{vpd_cdb, who, Initiator, CHECK_CONDITION, GOOD, POWER_ON};
@@ -110,4 +111,52 @@ fn a_restart_is_told_by_power_on_and_the_instance_page_and_a_reset_is_not() {
     let r = a.exec(&TUR, &[], 0);
     assert_eq!((r.status, r.sense), (CHECK_CONDITION, Some(POWER_ON)));
     assert_ne!(instance(&mut a), before, "another process");
+}
+
+/// What tgt does, for README's table of targets: the first command of
+/// every new session gets 29h/00h, whether tgtd restarted or the same
+/// initiator port only logged in again, so to an initiator tgt's unit
+/// attention says "new session", not "restart": it cannot tell the two
+/// apart, and tgt has no instance to ask.
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "tgtd",
+    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn tgt_tells_every_new_session_29h_restarted_or_not() {
+    if !common::need_root() || !tool("tgtd") {
+        return;
+    }
+    const TGT_IQN: &str = "iqn.2026-11.org.example:tgt";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lun.img");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+    let port = free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let start = || {
+        let mut t = tgtkit::Tgt::start(&[addr]);
+        t.target(1, TGT_IQN, 1, &file, "braid0001");
+        t
+    };
+    // The first two commands of a session of ISID `isid` on tgt's disk.
+    let first_two = |isid| {
+        let mut i = Initiator::login_raw_as(addr, TGT_IQN, &who(INITIATOR, isid));
+        i.lun = 1;
+        let first = i.exec(&TUR, &[], 0).sense;
+        let second = i.exec(&TUR, &[], 0).sense;
+        assert_eq!(i.logout(), 0);
+        (first, second)
+    };
+    let told = (Some(POWER_ON), None);
+    let mut tgt = start();
+    assert_eq!(first_two(1), told, "a new port");
+    assert_eq!(first_two(1), told, "the same port again, no restart");
+    assert_eq!(first_two(2), told, "another port");
+    tgt.stop();
+    let _tgt = start();
+    assert_eq!(first_two(1), told, "after tgtd restarted");
 }
