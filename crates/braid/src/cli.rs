@@ -557,7 +557,9 @@ pub struct ServeArgs {
     pub create: Option<String>,
 
     /// Set an export's volume identity (x-braid:volume) instead of the
-    /// remembered or generated one; repeatable
+    /// remembered or generated one: to keep a restored backup or a
+    /// migrated image the same volume to its initiators (served nowhere
+    /// else). Never give two servers one identity; repeatable
     #[arg(long = "volume-id", value_name = "NAME=UUID")]
     pub volume_ids: Vec<String>,
 

@@ -117,7 +117,8 @@ fn a_restart_is_told_by_power_on_and_the_instance_page_and_a_reset_is_not() {
 /// every new session gets 29h/00h, whether tgtd restarted or the same
 /// initiator port only logged in again, so to an initiator tgt's unit
 /// attention says "new session", not "restart": it cannot tell the two
-/// apart, and tgt has no instance to ask.
+/// apart, and tgt has no instance to ask. Its file LUNs report the write
+/// cache on.
 #[cfg_attr(
     braid_skip = "root",
     ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
@@ -127,7 +128,7 @@ fn a_restart_is_told_by_power_on_and_the_instance_page_and_a_reset_is_not() {
     ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
 )]
 #[test]
-fn tgt_tells_every_new_session_29h_restarted_or_not() {
+fn what_tgt_tells_of_restarts_and_its_write_cache() {
     if !common::need_root() || !tool("tgtd") {
         return;
     }
@@ -153,6 +154,18 @@ fn tgt_tells_every_new_session_29h_restarted_or_not() {
     };
     let told = (Some(POWER_ON), None);
     let mut tgt = start();
+    let mut i = Initiator::login_as(addr, TGT_IQN, &who(INITIATOR, 9));
+    i.lun = 1;
+    let _ = i.exec(&TUR, &[], 0);
+    let caching = i.exec(&[0x1a, 0x08, 0x08, 0, 255, 0], &[], 255);
+    assert_eq!(caching.status, GOOD);
+    assert_eq!(
+        caching.data[4 + 2] & 0x04,
+        0x04,
+        "tgt's file LUN reports its write cache on (WCE), so an initiator that never \
+         flushes (ESXi) may lose acknowledged writes: {caching:?}"
+    );
+    drop(i);
     assert_eq!(first_two(1), told, "a new port");
     assert_eq!(first_two(1), told, "the same port again, no restart");
     assert_eq!(first_two(2), told, "another port");
