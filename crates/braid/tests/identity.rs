@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{need_root, output, Serve};
+use common::{need_root, output, refused, Serve};
 
 /// The identity `braid serve` gives `file` with state in `state`.
 fn identity_of(state: &Path, file: &Path) -> String {
@@ -135,24 +135,6 @@ fn label(path: &Path) -> Option<String> {
         )
     };
     (n >= 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
-}
-
-/// `braid serve ARGS` expected to be refused at start; its stderr.
-fn refused(state: &Path, args: &[&str]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let out = output(
-        Command::new(env!("CARGO_BIN_EXE_braid"))
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(state)
-            .arg("--control")
-            .arg(dir.path().join("ctl"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args),
-        std::time::Duration::from_secs(20),
-    );
-    assert!(!out.status.success(), "braid serve {args:?} started");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// `cp -a` copies the identity attribute with the data: the copy must not

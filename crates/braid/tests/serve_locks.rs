@@ -12,23 +12,7 @@ use common::{cmd, free_port, need_root, output, tool, ChildGuard, Serve};
 /// `braid serve ARGS` expected to fail at start; its stderr.
 fn refused(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = output(
-        Command::new(env!("CARGO_BIN_EXE_braid"))
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(dir.path())
-            .arg("--control")
-            .arg(dir.path().join("ctl"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args),
-        Duration::from_secs(20),
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "braid serve {args:?} was not refused"
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    common::refused(dir.path(), args)
 }
 
 fn image(dir: &std::path::Path) -> String {
@@ -113,6 +97,22 @@ fn braid_and_qemu_refuse_each_other() {
 /// A loop device over a file, detached when dropped.
 struct Loop(String);
 
+impl Loop {
+    /// A loop device over `img`.
+    fn over(img: &str) -> Loop {
+        let out = output(
+            Command::new("losetup").args(["--find", "--show", img]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}
+
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
@@ -133,17 +133,7 @@ fn a_block_device_held_by_another_writer_is_refused() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let out = output(
-        Command::new("losetup").args(["--find", "--show", &img]),
-        Duration::from_secs(20),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let dev = Loop::over(&image(dir.path()));
     let _first = Serve::start(&[&format!("vol={}", dev.0)]);
     let err = refused(&[&format!("vol={}", dev.0)]);
     assert!(err.contains("in use") && err.contains(&dev.0), "{err}");
@@ -166,17 +156,7 @@ fn a_read_only_export_takes_no_exclusive_claim_on_a_block_device() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let out = output(
-        Command::new("losetup").args(["--find", "--show", &img]),
-        Duration::from_secs(20),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let dev = Loop::over(&image(dir.path()));
     let _reader = Serve::start(&["--read-only", &format!("vol={}", dev.0)]);
     // Serve::start panics with the log if the writer is refused.
     let _writer = Serve::start(&[&format!("vol={}", dev.0)]);

@@ -122,17 +122,13 @@ impl ServeConfig {
                 return Err(usage(format!("export name {:?} is given twice", e.name)));
             }
         }
-        for name in &args.read_only_exports {
-            if !seen.contains(name) {
+        for (flag, names) in [
+            ("--read-only-export", &args.read_only_exports),
+            ("--iscsi-write-cache", &args.iscsi_write_cache),
+        ] {
+            if let Some(name) = names.iter().find(|n| !seen.contains(*n)) {
                 return Err(usage(format!(
-                    "--read-only-export {name:?}: there is no export of that name"
-                )));
-            }
-        }
-        for name in &args.iscsi_write_cache {
-            if !seen.contains(name) {
-                return Err(usage(format!(
-                    "--iscsi-write-cache {name:?}: there is no export of that name"
+                    "{flag} {name:?}: there is no export of that name"
                 )));
             }
         }
