@@ -174,6 +174,12 @@ mod tests {
         assert!(c.set(false).await.unwrap());
         let (c, _) = WriteCache::load(Some(file.clone()), true).unwrap();
         assert!(!c.on());
+        // A choice that cannot be kept is not made.
+        let blocked = dir.path().join("not-a-dir");
+        let (c, _) = WriteCache::load(Some(blocked.join("vol")), false).unwrap();
+        std::fs::write(&blocked, b"").unwrap();
+        assert!(c.set(true).await.is_err());
+        assert!(!c.on(), "unchanged when it could not be kept");
         std::fs::write(&file, "write_cache maybe\n").unwrap();
         let e = WriteCache::load(Some(file), true).unwrap_err();
         assert!(e.to_string().contains("fix or remove"), "{e}");
