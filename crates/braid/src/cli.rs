@@ -600,12 +600,22 @@ pub struct ServeArgs {
     #[arg(long = "read-only-export", value_name = "NAME")]
     pub read_only_exports: Vec<String>,
 
+    /// Serve writable images on a network file system (NFS, SMB, CephFS,
+    /// GlusterFS, ...) even though braid's lock on an image holds on this
+    /// host only: a braid serve, qemu or mount on another host would not
+    /// see it and could write the same image. Only when this host alone
+    /// uses the image
+    #[arg(long)]
+    pub allow_network_fs: bool,
+
     /// Create missing file sources as sparse files of this size (e.g. 10GiB)
     #[arg(long, value_name = "SIZE")]
     pub create: Option<String>,
 
     /// Set an export's volume identity (x-braid:volume) instead of the
-    /// remembered or generated one; repeatable
+    /// remembered or generated one: to keep a restored backup or a
+    /// migrated image the same volume to its initiators (served nowhere
+    /// else). Never give two servers one identity; repeatable
     #[arg(long = "volume-id", value_name = "NAME=UUID")]
     pub volume_ids: Vec<String>,
 
@@ -646,6 +656,15 @@ pub struct ServeArgs {
     /// they log in, not after
     #[arg(long, value_name = "PREFIX", requires = "iscsi")]
     pub iscsi_iqn: Option<String>,
+
+    /// Turn the iSCSI write cache of this export on (repeatable): WRITEs
+    /// are then answered from the page cache and made durable by
+    /// SYNCHRONIZE CACHE, which Linux (open-iscsi) and Windows send.
+    /// VMware ESXi never sends it: leave its datastores write-through, the
+    /// default (WCE 0: every WRITE on stable storage before GOOD). An
+    /// initiator may change it with MODE SELECT, which --state-dir keeps
+    #[arg(long = "iscsi-write-cache", value_name = "NAME", requires = "iscsi")]
+    pub iscsi_write_cache: Vec<String>,
 
     /// Require CHAP of every iSCSI login, with the credentials in FILE
     /// (TOML: user, secret, and for mutual CHAP target_user and

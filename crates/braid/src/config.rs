@@ -17,6 +17,9 @@ pub struct ServeFile {
     pub listen: Vec<String>,
     #[serde(default)]
     pub read_only: bool,
+    /// Serve writable images on a network file system (`--allow-network-fs`).
+    #[serde(default)]
+    pub allow_network_fs: bool,
     pub state_dir: Option<PathBuf>,
     pub control: Option<PathBuf>,
     /// The console and metrics listener (`--http`; `metrics` is its older
@@ -72,6 +75,10 @@ pub struct ServeExport {
     /// Refuse writes to this export (`--read-only-export NAME`).
     #[serde(default)]
     pub read_only: bool,
+    /// Its iSCSI unit starts with the write cache on
+    /// (`--iscsi-write-cache NAME`).
+    #[serde(default)]
+    pub iscsi_write_cache: bool,
 }
 
 /// `braid attach --config FILE`.

@@ -1,14 +1,17 @@
 //! A volume's identity travels with its data, not its name: a served file
 //! renamed keeps it, two files whose names are swapped each keep their own,
 //! identities kept the old way (by path) survive the upgrade, and on a file
-//! system without extended attributes the identity follows the inode.
+//! system without extended attributes the identity follows the inode. A
+//! copy of an image (which copies its extended attributes) is another
+//! volume, two exports of one server never share an identity, and a
+//! read-only export writes nothing into its file.
 
 mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use common::{need_root, Serve};
+use common::{need_root, output, refused, Serve};
 
 /// The identity `braid serve` gives `file` with state in `state`.
 fn identity_of(state: &Path, file: &Path) -> String {
@@ -115,4 +118,113 @@ fn without_extended_attributes_the_identity_follows_the_inode() {
     std::fs::rename(&tmp, &b).unwrap();
     assert_eq!(identity_of(state.path(), &a), ib);
     assert_eq!(identity_of(state.path(), &b), ia);
+}
+
+/// What `path`'s `user.braid.volume` attribute holds, if anything.
+fn label(path: &Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut buf = vec![0u8; 8192];
+    // SAFETY: NUL-terminated strings; buf is writable for its length.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            c"user.braid.volume".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
+}
+
+/// `cp -a` copies the identity attribute with the data: the copy must not
+/// report the original's identity, or an initiator would combine two
+/// disks as paths of one volume.
+#[test]
+fn a_copy_of_a_served_image_is_another_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let a = file(dir.path(), "a.img");
+    let original = identity_of(&state, &a);
+    let b = dir.path().join("b.img");
+    let cp = output(
+        Command::new("cp").arg("-a").arg(&a).arg(&b),
+        std::time::Duration::from_secs(20),
+    );
+    assert!(cp.status.success(), "cp -a");
+    assert!(label(&b).is_some(), "cp -a copied the attribute");
+
+    let mut both = Serve::start(&[
+        "--state-dir",
+        state.to_str().unwrap(),
+        &format!("a={}", a.display()),
+        &format!("b={}", b.display()),
+    ]);
+    let (ia, ib) = (both.logged_volume("a"), both.logged_volume("b"));
+    assert_eq!(ia, original, "the original keeps its identity");
+    assert_ne!(ib, ia, "the copy reports the original's identity");
+    let log = both.log();
+    assert!(
+        log.contains("b.img") && log.contains("a.img") && log.contains(&format!("b={ia}")),
+        "a warning names the copy, the original and the flag that would keep it:\n{log}"
+    );
+    assert!(both.stop().success());
+    assert_eq!(
+        identity_of(&state, &b),
+        ib,
+        "the copy keeps its new identity"
+    );
+}
+
+/// One server, two exports, one identity: refused at start, both named.
+#[test]
+fn two_exports_with_one_identity_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let a = file(dir.path(), "a.img");
+    let b = file(dir.path(), "b.img");
+    let ia = identity_of(&state, &a);
+    let err = refused(
+        &state,
+        &[
+            "--volume-id",
+            &format!("b={ia}"),
+            &format!("a={}", a.display()),
+            &format!("b={}", b.display()),
+        ],
+    );
+    assert!(
+        err.contains(&ia) && err.contains("\"a\"") && err.contains("\"b\""),
+        "{err}"
+    );
+}
+
+/// A read-only export is not written: its identity is kept in the state
+/// directory, the same at every start, and taken over by the file once it
+/// is served writable.
+#[test]
+fn a_read_only_export_writes_nothing_into_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let a = file(dir.path(), "a.img");
+    let read_only = |state: &Path| {
+        let mut s = Serve::start(&[
+            "--read-only",
+            "--state-dir",
+            state.to_str().unwrap(),
+            &format!("vol={}", a.display()),
+        ]);
+        let id = s.logged_volume("vol");
+        assert!(s.stop().success());
+        id
+    };
+    let first = read_only(&state);
+    assert_eq!(label(&a), None, "a read-only export wrote into its file");
+    assert_eq!(read_only(&state), first, "kept in the state directory");
+    assert_eq!(
+        identity_of(&state, &a),
+        first,
+        "and served writable, the same"
+    );
+    assert!(label(&a).is_some_and(|l| l.starts_with(&first)));
 }

@@ -105,8 +105,10 @@ fn a_login_that_reinstates_a_session_fences_its_held_writes() {
     write(&mut old, 20, 9);
     old.ping();
     // The same initiator and ISID again: the old session is closed, and
-    // the login completes only once its held write has been dropped.
-    let mut new = Initiator::login_as(srv.portals[0], TARGET, &x);
+    // the login completes only once its held write has been dropped. (Its
+    // port is not new to the target: nothing to clear after login, and a
+    // command would wait in the hold.)
+    let mut new = Initiator::login_raw_as(srv.portals[0], TARGET, &x);
     assert!(
         old.closed_within(Duration::from_secs(10)),
         "the old session is closed"

@@ -12,23 +12,7 @@ use common::{cmd, free_port, need_root, output, tool, ChildGuard, Serve};
 /// `braid serve ARGS` expected to fail at start; its stderr.
 fn refused(args: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = output(
-        Command::new(env!("CARGO_BIN_EXE_braid"))
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(dir.path())
-            .arg("--control")
-            .arg(dir.path().join("ctl"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args),
-        Duration::from_secs(20),
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "braid serve {args:?} was not refused"
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    common::refused(dir.path(), args)
 }
 
 fn image(dir: &std::path::Path) -> String {
@@ -113,6 +97,22 @@ fn braid_and_qemu_refuse_each_other() {
 /// A loop device over a file, detached when dropped.
 struct Loop(String);
 
+impl Loop {
+    /// A loop device over `img`.
+    fn over(img: &str) -> Loop {
+        let out = output(
+            Command::new("losetup").args(["--find", "--show", img]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}
+
 impl Drop for Loop {
     fn drop(&mut self) {
         let _ = Command::new("losetup").args(["-d", &self.0]).status();
@@ -133,18 +133,70 @@ fn a_block_device_held_by_another_writer_is_refused() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = image(dir.path());
-    let out = output(
-        Command::new("losetup").args(["--find", "--show", &img]),
-        Duration::from_secs(20),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = Loop(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+    let dev = Loop::over(&image(dir.path()));
     let _first = Serve::start(&[&format!("vol={}", dev.0)]);
     let err = refused(&[&format!("vol={}", dev.0)]);
     assert!(err.contains("in use") && err.contains(&dev.0), "{err}");
+}
+
+/// A read-only export takes no exclusive claim on a block device: a
+/// writer (here a writable `braid serve`, which opens it with O_EXCL)
+/// still gets it while braid reads it.
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
+)]
+#[cfg_attr(
+    braid_skip = "losetup",
+    ignore = "needs losetup: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn a_read_only_export_takes_no_exclusive_claim_on_a_block_device() {
+    if !need_root() || !tool("losetup") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Loop::over(&image(dir.path()));
+    let _reader = Serve::start(&["--read-only", &format!("vol={}", dev.0)]);
+    // Serve::start panics with the log if the writer is refused.
+    let _writer = Serve::start(&[&format!("vol={}", dev.0)]);
+}
+
+/// A FUSE mount whose type is a network file system's, as GlusterFS's
+/// client mounts (`fuse.glusterfs`): braid reads the type, which is all it
+/// can know of any file system (a real GlusterFS cannot run here).
+fn on_glusterfs(dir: &std::path::Path) -> braid_powercut::PowerCut {
+    let at = dir.join("gv0");
+    std::fs::create_dir(&at).unwrap();
+    braid_powercut::PowerCut::mount_as(&at, "disk.img", 4 << 20, Some("glusterfs"))
+        .expect("mounting braid-powercut as fuse.glusterfs")
+}
+
+/// An image on a network file system is locked on this host only: a
+/// writable export of it is refused unless `--allow-network-fs` accepts
+/// that, and every start says so.
+#[cfg_attr(
+    braid_skip = "root",
+    ignore = "needs root (FUSE mounts): run as root, or scripts/test-all"
+)]
+#[test]
+fn an_image_on_a_network_file_system_is_refused_unless_allowed() {
+    if !need_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fs = on_glusterfs(dir.path());
+    let img = format!("vol={}", fs.file().display());
+    let err = refused(&[&img]);
+    assert!(
+        err.contains("GlusterFS") || err.contains("glusterfs"),
+        "refused, naming the file system: {err}"
+    );
+    assert!(err.contains("--allow-network-fs"), "and the flag: {err}");
+    {
+        let reader = Serve::start(&["--read-only", &img]);
+        assert!(reader.log().contains("this host only"), "{}", reader.log());
+    }
+    let writer = Serve::start(&["--allow-network-fs", &img]);
+    assert!(writer.log().contains("this host only"), "{}", writer.log());
 }

@@ -220,6 +220,7 @@ pub fn unit(data: &[u8]) {
         relative_port: 1,
         port_group: 1,
         target_port: "iqn.2026-11.org.braid-storage:vol,t,0x0001".into(),
+        instance: None,
     };
     let (a, b) = (
         NexusName::new("iqn.2026-11.org.example:a", [0x80, 0, 0, 0, 0, 1], 1),

@@ -17,6 +17,7 @@ pub mod gateway;
 mod hold;
 pub mod identity;
 pub mod iscsi;
+pub mod lineage;
 pub mod portal;
 pub mod rangelock;
 pub mod registry;

@@ -13,7 +13,8 @@
 //! server, new when a Ceph gateway reconnects to its cluster as a new
 //! client) and 64 random bits: unguessable, and it names the server that
 //! issued it, so that a gateway asked to fence another gateway's
-//! connections knows whose they are (`gateway::fence`).
+//! connections knows whose they are (`gateway::fence`), and a server asked
+//! to fence ids it never issued refuses (`lineage.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -142,6 +143,11 @@ pub struct Registry {
     pub stats: crate::stats::TargetStats,
     /// The high 64 bits of every new connection id.
     tag: AtomicU64,
+    /// Tags this process issued ids under before the current one.
+    past: Mutex<Vec<u64>>,
+    /// This process among the servers of its state directory, which
+    /// tells an earlier process's ids from a stranger's.
+    lineage: std::sync::OnceLock<crate::lineage::Lineage>,
 }
 
 impl Default for Registry {
@@ -156,7 +162,16 @@ impl Registry {
             conns: Mutex::new(HashMap::new()),
             stats: Default::default(),
             tag: AtomicU64::new(uuid::Uuid::new_v4().as_u128() as u64),
+            past: Mutex::default(),
+            lineage: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Issues ids under `lineage`'s tag from now on, and answers fences of
+    /// earlier processes of its state directory. Call before serving.
+    pub fn adopt(&self, lineage: crate::lineage::Lineage) {
+        self.set_tag(lineage.tag());
+        let _ = self.lineage.set(lineage);
     }
 
     /// The tag new connection ids carry.
@@ -166,7 +181,70 @@ impl Registry {
 
     /// Connections accepted from now on carry `tag`.
     pub fn set_tag(&self, tag: u64) {
-        self.tag.store(tag, Ordering::SeqCst);
+        let old = self.tag.swap(tag, Ordering::SeqCst);
+        if old != tag {
+            self.past
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(old);
+        }
+    }
+
+    /// Refuses unless every id of `ids` (none of them live here) was
+    /// issued by this process or by an earlier one of its state directory
+    /// that has stopped: only then has nothing of them anything left in
+    /// flight. Another server's ids are its own to fence.
+    ///
+    /// # Errors
+    ///
+    /// Which id this server cannot answer for, and what to do.
+    pub async fn vouch(self: &Arc<Self>, ids: &[ConnId]) -> Result<(), String> {
+        let strangers: Vec<ConnId> = {
+            let past = self.past.lock().unwrap_or_else(|p| p.into_inner());
+            ids.iter()
+                .filter(|id| {
+                    let t = Self::tag_of(**id);
+                    t != self.tag() && !past.contains(&t)
+                })
+                .copied()
+                .collect()
+        };
+        if strangers.is_empty() {
+            return Ok(());
+        }
+        let me = self.clone();
+        let issuers = tokio::task::spawn_blocking(move || {
+            strangers
+                .into_iter()
+                .map(|id| {
+                    let issuer = me.lineage.get().map(|l| l.issuer(Self::tag_of(id)));
+                    (id, issuer)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| format!("checking the state directory: {e}"))?;
+        use crate::lineage::Issuer;
+        for (id, issuer) in issuers {
+            match issuer {
+                Some(Issuer::Earlier) => {}
+                Some(Issuer::Running) => {
+                    return Err(format!(
+                        "connection {id} was not issued by this server but by another braid \
+                         serve running with the same state directory; ask that server"
+                    ))
+                }
+                Some(Issuer::Unknown) | None => {
+                    return Err(format!(
+                        "connection {id} was not issued by this server (nor by an earlier \
+                         process with its state directory), so it cannot say whether its \
+                         requests have ended; ask the server that issued it. Two braid serve \
+                         processes must never serve one volume"
+                    ))
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The tag of the server that issued `id`.
@@ -431,6 +509,36 @@ mod tests {
         let b = reg.add("p".into(), None, "q".into());
         assert_eq!(Registry::tag_of(b.id), 0xfeed);
         assert_ne!(a.id.0 as u64, b.id.0 as u64);
+    }
+
+    #[tokio::test]
+    async fn only_ids_of_this_process_or_a_stopped_earlier_one_are_vouched_for() {
+        let state = tempfile::tempdir().unwrap();
+        let earlier = crate::lineage::Lineage::claim(state.path()).unwrap();
+        let earlier_id = ConnId(u128::from(earlier.tag()) << 64 | 5);
+        let running = crate::lineage::Lineage::claim(state.path()).unwrap();
+        let running_id = ConnId(u128::from(running.tag()) << 64 | 6);
+        let reg = Arc::new(Registry::new());
+        let first_tag = ConnId(u128::from(reg.tag()) << 64 | 7);
+        reg.adopt(crate::lineage::Lineage::claim(state.path()).unwrap());
+        let own = ConnId(u128::from(reg.tag()) << 64 | 8);
+        let stranger = ConnId(0x5eed << 64 | 9);
+        assert!(reg.vouch(&[own, first_tag]).await.is_ok());
+        let e = reg.vouch(&[own, stranger]).await.unwrap_err();
+        assert!(e.contains("not issued by this server"), "{e}");
+        let e = reg.vouch(&[earlier_id]).await.unwrap_err();
+        assert!(e.contains("running"), "alive beside it: {e}");
+        assert!(reg.vouch(&[running_id]).await.is_err());
+        drop(earlier);
+        assert!(
+            reg.vouch(&[earlier_id]).await.is_ok(),
+            "stopped: nothing left"
+        );
+        let alone = Arc::new(Registry::new());
+        assert!(
+            alone.vouch(&[stranger]).await.is_err(),
+            "without a state directory only its own"
+        );
     }
 
     #[tokio::test]

@@ -32,6 +32,9 @@ pub struct Target {
     stop_tx: watch::Sender<bool>,
     advertised: Vec<String>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// This process's instance (`x-braid:instance`, and VPD page 0xC0
+    /// over iSCSI): random per start.
+    instance: braid_proto::braid_ns::InstanceId,
 }
 
 /// Stops a running target from elsewhere (a signal handler, a test).
@@ -74,6 +77,7 @@ impl Target {
             stop_tx,
             advertised,
             tls: None,
+            instance: braid_proto::braid_ns::InstanceId(uuid::Uuid::new_v4().as_u128()),
         })
     }
 
@@ -117,6 +121,11 @@ impl Target {
         &self.advertised
     }
 
+    /// This process's instance, as clients are told it.
+    pub fn instance(&self) -> braid_proto::braid_ns::InstanceId {
+        self.instance
+    }
+
     pub fn registry(&self) -> Arc<Registry> {
         self.registry.clone()
     }
@@ -146,7 +155,7 @@ impl Target {
             budget: Arc::new(tokio::sync::Semaphore::new(
                 self.limits.max_total_bytes.div_ceil(4096),
             )),
-            instance: braid_proto::braid_ns::InstanceId(uuid::Uuid::new_v4().as_u128()),
+            instance: self.instance,
         };
         let mut accepting = JoinSet::new();
         for (name, listener) in self.listeners {

@@ -46,6 +46,19 @@ impl PowerCut {
     /// Mounts at `mountpoint` (an existing empty directory) a file system
     /// holding one zero-filled file `name` of `len` bytes.
     pub fn mount(mountpoint: &Path, name: &str, len: u64) -> io::Result<Self> {
+        Self::mount_as(mountpoint, name, len, None)
+    }
+
+    /// As [`Self::mount`], the mount's type being `fuse.SUBTYPE` when a
+    /// subtype is given, as a FUSE network file system's is
+    /// (`fuse.glusterfs`, `fuse.sshfs`): what a program reads from
+    /// `/proc/self/mountinfo` to tell what it runs on.
+    pub fn mount_as(
+        mountpoint: &Path,
+        name: &str,
+        len: u64,
+        subtype: Option<&str>,
+    ) -> io::Result<Self> {
         let shared = Arc::new(Shared::new(len));
         let fs = PowerCutFs {
             shared: shared.clone(),
@@ -61,7 +74,22 @@ impl PowerCut {
         ];
         // Two workers: a slow flush must not stall every read behind it.
         config.n_threads = Some(2);
-        let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+        let session = match subtype {
+            None => fuser::spawn_mount(fs, mountpoint, &config)?,
+            Some(sub) => {
+                // fuser's own mount(2) always says "fuse": mounted here
+                // with the type asked, then handed the device.
+                let dev = mount_fuse(mountpoint, sub, fs.uid, fs.gid)?;
+                let session = fuser::Session::from_fd(fs, dev, fuser::SessionACL::Owner, config);
+                match session.and_then(fuser::Session::spawn) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        unmount(mountpoint);
+                        return Err(e);
+                    }
+                }
+            }
+        };
         Ok(Self {
             shared,
             session: Some(session),
@@ -117,12 +145,53 @@ impl PowerCut {
 
 impl Drop for PowerCut {
     fn drop(&mut self) {
-        if let Ok(path) = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes()) {
-            // SAFETY: a valid NUL-terminated path; umount2 keeps no pointer.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        unmount(&self.mountpoint);
         // The mount is gone; fuser's own unmount of it fails quietly and
         // its thread ends when the last open file closes.
         drop(self.session.take());
     }
+}
+
+/// Detaches the mount at `at` (lazily: open files keep it until closed).
+fn unmount(at: &Path) {
+    if let Ok(path) = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()) {
+        // SAFETY: a valid NUL-terminated path; umount2 keeps no pointer.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Opens `/dev/fuse` and mounts it at `at` as `fuse.SUBTYPE`; the kernel
+/// then waits for the file system's answers on the returned descriptor.
+fn mount_fuse(at: &Path, subtype: &str, uid: u32, gid: u32) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    let dev = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let c = |s: &str| {
+        std::ffi::CString::new(s)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte"))
+    };
+    let target = c(&at.to_string_lossy())?;
+    let fstype = c(&format!("fuse.{subtype}"))?;
+    let data = c(&format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions",
+        dev.as_raw_fd()
+    ))?;
+    let source = c("braid-powercut")?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the
+    // call; mount(2) keeps none of them.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(dev.into())
 }

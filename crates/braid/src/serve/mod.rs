@@ -1,18 +1,19 @@
 //! `braid serve`: flags checked into a configuration, exports opened, the
 //! target run in the foreground until SIGINT or SIGTERM.
 
+mod exports;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use braid_target::access::Network;
-use braid_target::backend::{Backend, FileBackend};
-use braid_target::identity::{default_state_dir, IdentityStore};
+use braid_target::identity::default_state_dir;
 use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
 use braid_target::source::{format_size, parse_size, ExportSpec, Source};
-use braid_target::{Export, Exports, Limits, Target};
+use braid_target::{Limits, Target};
 use tracing::info;
 use uuid::Uuid;
 
@@ -33,6 +34,8 @@ struct ServeConfig {
     read_only: bool,
     /// Exports that refuse writes when the whole server does not.
     read_only_exports: std::collections::HashSet<String>,
+    /// Writable images may be on a network file system.
+    allow_network_fs: bool,
     /// Size to create each missing file source with, by export name.
     create: HashMap<String, u64>,
     volume_ids: HashMap<String, Uuid>,
@@ -46,6 +49,8 @@ struct ServeConfig {
     iscsi_chap: Option<braid_iscsi::chap::Credentials>,
     /// What every iSCSI target name starts with.
     iscsi_iqn: String,
+    /// Exports whose iSCSI units start with the write cache on.
+    iscsi_write_cache: std::collections::HashSet<String>,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -81,6 +86,9 @@ impl ServeConfig {
             }
             if e.read_only {
                 args.read_only_exports.push(e.name.clone());
+            }
+            if e.iscsi_write_cache {
+                args.iscsi_write_cache.push(e.name.clone());
             }
         }
         // A flag wins over its key in the file.
@@ -120,10 +128,13 @@ impl ServeConfig {
                 return Err(usage(format!("export name {:?} is given twice", e.name)));
             }
         }
-        for name in &args.read_only_exports {
-            if !seen.contains(name) {
+        for (flag, names) in [
+            ("--read-only-export", &args.read_only_exports),
+            ("--iscsi-write-cache", &args.iscsi_write_cache),
+        ] {
+            if let Some(name) = names.iter().find(|n| !seen.contains(*n)) {
                 return Err(usage(format!(
-                    "--read-only-export {name:?}: there is no export of that name"
+                    "{flag} {name:?}: there is no export of that name"
                 )));
             }
         }
@@ -274,6 +285,11 @@ impl ServeConfig {
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
         }
+        if !args.iscsi_write_cache.is_empty() && iscsi.is_none() {
+            return Err(usage(
+                "iscsi_write_cache without iscsi: set the iSCSI port too",
+            ));
+        }
         let iscsi_iqn = match args.iscsi_iqn.or(file.iscsi_iqn) {
             Some(_) if iscsi.is_none() => {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
@@ -286,10 +302,12 @@ impl ServeConfig {
             iscsi,
             iscsi_chap,
             iscsi_iqn,
+            iscsi_write_cache: args.iscsi_write_cache.into_iter().collect(),
             listen,
             default_listen,
             read_only: args.read_only,
             read_only_exports: args.read_only_exports.into_iter().collect(),
+            allow_network_fs: args.allow_network_fs || file.allow_network_fs,
             create,
             volume_ids,
             state_dir: args
@@ -320,7 +338,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let portals = resolved.portals;
     let mut gateway = crate::gateway::Gateway::new(cfg.ceph.clone());
-    let exports = open_exports(&cfg, &mut gateway)?;
+    let exports = exports::open(&cfg, &mut gateway)?;
+    // Durable before any connection id is issued under its tag, so that a
+    // restart after a power cut still answers fences of this process.
+    let lineage = braid_target::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
+        format!(
+            "recording this server in {} (choose a writable --state-dir)",
+            cfg.state_dir.display()
+        )
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -328,6 +354,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     runtime.block_on(async move {
         let signals = crate::signals::Signals::install()?;
         let mut target = Target::bind(exports, &portals, cfg.limits.clone())?;
+        target.registry().adopt(lineage);
         if let Some((cert, key, ca)) = &cfg.tls {
             target.set_tls(crate::tls::server(cert, key, ca.as_deref())?);
             info!(
@@ -348,7 +375,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     chap: cfg.iscsi_chap.clone(),
                     state_dir: Some(cfg.state_dir.clone()),
+                    write_cache: cfg.iscsi_write_cache.clone(),
                     limits: cfg.limits.clone(),
+                    instance: target.instance().0,
                 };
                 Some(crate::iscsi::start(&target, &portals, port, settings).await?)
             }
@@ -423,100 +452,4 @@ pub fn run(args: ServeArgs) -> Result<()> {
         info!("stopped");
         anyhow::Ok(())
     })
-}
-
-fn open_exports(cfg: &ServeConfig, gateway: &mut crate::gateway::Gateway) -> Result<Exports> {
-    let mut store: Option<IdentityStore> = None;
-    let mut list = Vec::new();
-    for spec in &cfg.exports {
-        let read_only = cfg.read_only || cfg.read_only_exports.contains(&spec.name);
-        if let Source::Rbd(rbd) = &spec.source {
-            let explicit = cfg.volume_ids.get(&spec.name).copied();
-            let o = gateway.open(&spec.name, rbd, read_only, explicit)?;
-            let read_only = read_only || rbd.snap.is_some();
-            let mut export = Export::local(
-                spec.name.clone(),
-                o.description,
-                o.backend,
-                read_only,
-                o.volume,
-            );
-            export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
-            export.peers = o.peers;
-            list.push(Arc::new(export));
-            continue;
-        }
-        let (backend, description): (Arc<dyn Backend>, String) = match &spec.source {
-            Source::Mem(size) => (
-                Arc::new(FileBackend::memory(*size).context("cannot make a memory volume")?),
-                "memory".into(),
-            ),
-            Source::File(path) => {
-                create_if_missing(path, cfg.create.get(&spec.name).copied())?;
-                let b = FileBackend::open(path, read_only)
-                    .with_context(|| format!("export {:?}", spec.name))?;
-                (Arc::new(b), path.display().to_string())
-            }
-            Source::Rbd(_) => unreachable!("opened above"),
-        };
-        let volume = match (&spec.source, cfg.volume_ids.get(&spec.name)) {
-            (Source::Mem(_), Some(id)) => *id,
-            (Source::Mem(_), None) => Uuid::new_v4(),
-            (Source::File(path), explicit) => {
-                identity(&mut store, &cfg.state_dir, path, explicit.copied())?
-            }
-            (Source::Rbd(_), _) => unreachable!("opened above"),
-        };
-        let mut export = Export::local(spec.name.clone(), description, backend, read_only, volume);
-        export.allow = cfg.allow.get(&spec.name).cloned().unwrap_or_default();
-        list.push(Arc::new(export));
-    }
-    Ok(Exports::new(list))
-}
-
-fn identity(
-    store: &mut Option<IdentityStore>,
-    dir: &Path,
-    path: &Path,
-    explicit: Option<Uuid>,
-) -> Result<Uuid> {
-    if store.is_none() {
-        *store = Some(
-            IdentityStore::open(dir)
-                .with_context(|| format!("reading volume identities in {}", dir.display()))?,
-        );
-    }
-    let store = store.as_mut().expect("opened above");
-    let result = match explicit {
-        Some(id) => store.set(path, id).map(|()| id),
-        None => store.identity(path),
-    };
-    result.with_context(|| {
-        format!(
-            "saving the volume identity of {} in {} (choose a writable --state-dir)",
-            path.display(),
-            store.path().display()
-        )
-    })
-}
-
-fn create_if_missing(path: &Path, size: Option<u64>) -> Result<()> {
-    if path.exists() {
-        return Ok(());
-    }
-    let Some(size) = size else {
-        bail!(
-            "{} does not exist; create it, or pass --create SIZE to make a sparse file",
-            path.display()
-        );
-    };
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.set_len(size)
-        .with_context(|| format!("sizing {} to {}", path.display(), format_size(size)))?;
-    info!("created {} ({}, sparse)", path.display(), format_size(size));
-    Ok(())
 }

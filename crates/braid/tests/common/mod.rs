@@ -30,11 +30,34 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default bound on one external tool run.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// `braid serve ARGS` with its state in `state`, expected to be refused
+/// at start (exit status 1); its stderr.
+pub fn refused(state: &Path, args: &[&str]) -> String {
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--control")
+            .arg(state.join("ctl"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args),
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "braid serve {args:?} was not refused"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `braid serve` flags that take no value. Every other flag written as
 /// `--flag VALUE` is followed by its value, which is not an export even
 /// when it looks like one (`--allow vol=10.0.0.0/8`).
-const BOOL_FLAGS: [&str; 8] = [
+const BOOL_FLAGS: [&str; 9] = [
     "--read-only",
+    "--allow-network-fs",
     "--rbd-cache",
     "-v",
     "-vv",

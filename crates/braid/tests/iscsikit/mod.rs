@@ -35,6 +35,8 @@ impl Reply {
 }
 
 pub const GOOD: u8 = 0x00;
+/// UNIT ATTENTION, POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+pub const POWER_ON: (u8, u8, u8) = (0x6, 0x29, 0x00);
 pub const CHECK_CONDITION: u8 = 0x02;
 pub const RESERVATION_CONFLICT: u8 = 0x18;
 
@@ -67,6 +69,11 @@ pub struct Initiator {
     /// InitialR2T as negotiated, and FirstBurstLength.
     initial_r2t: bool,
     first_burst: usize,
+    /// The LUN commands go to (0 unless a test sets it: tgt's disks start
+    /// at 1).
+    pub lun: u16,
+    /// Digests as negotiated.
+    digests: Digests,
 }
 
 /// Who logs in, and how.
@@ -99,8 +106,22 @@ impl Initiator {
         Self::login_as(addr, target, &DEFAULT_INITIATOR)
     }
 
-    /// Logs in as `who`.
+    /// Logs in as `who`, and takes the power on unit attention a port new
+    /// to the target is owed with a TEST UNIT READY, as initiators do
+    /// first.
     pub fn login_as(addr: std::net::SocketAddr, target: &str, who: &LoginAs) -> Initiator {
+        let mut i = Self::login_raw_as(addr, target, who);
+        let r = i.exec(&[0, 0, 0, 0, 0, 0], &[], 0);
+        assert!(
+            r.good() || r.sense == Some(POWER_ON),
+            "TEST UNIT READY after login: {r:?}"
+        );
+        i
+    }
+
+    /// Logs in as `who`, sending nothing else: unit attentions the target
+    /// owes the new nexus are still pending.
+    pub fn login_raw_as(addr: std::net::SocketAddr, target: &str, who: &LoginAs) -> Initiator {
         let stream = TcpStream::connect(addr).expect("connect to the iSCSI portal");
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
@@ -120,6 +141,8 @@ impl Initiator {
             issued: HashMap::new(),
             initial_r2t: true,
             first_burst: 65536,
+            lun: 0,
+            digests: Digests::default(),
         };
         let mut b = Bhs::new(Opcode::LoginRequest);
         b.set_immediate(true);
@@ -131,8 +154,8 @@ impl Initiator {
             ("InitiatorName", who.initiator),
             ("SessionType", "Normal"),
             ("TargetName", target),
-            ("HeaderDigest", "CRC32C"),
-            ("DataDigest", "CRC32C"),
+            ("HeaderDigest", "CRC32C,None"),
+            ("DataDigest", "CRC32C,None"),
             ("MaxRecvDataSegmentLength", "1048576"),
             ("InitialR2T", if who.unsolicited { "No" } else { "Yes" }),
             ("ImmediateData", "Yes"),
@@ -150,14 +173,24 @@ impl Initiator {
                 .map(|(_, v)| v.clone())
                 .unwrap_or_else(|| panic!("no {k} in {answers:?}"))
         };
-        assert_eq!(get("HeaderDigest"), "CRC32C");
-        i.max_send = get("MaxRecvDataSegmentLength").parse().expect("a number");
+        // braid's target takes CRC32C; tgt has no digests.
+        i.digests = Digests {
+            header: get("HeaderDigest") == "CRC32C",
+            data: get("DataDigest") == "CRC32C",
+        };
+        // Not declared (tgt): RFC 7143's default, 8192.
+        if let Some((_, v)) = answers
+            .iter()
+            .find(|(k, _)| k == "MaxRecvDataSegmentLength")
+        {
+            i.max_send = v.parse().expect("a number");
+        }
         i.initial_r2t = get("InitialR2T") == "Yes";
         if let Some((_, v)) = answers.iter().find(|(k, _)| k == "FirstBurstLength") {
             i.first_burst = v.parse().expect("a number");
         }
         i.exp_stat_sn = resp.bhs.u32_at(24).wrapping_add(1);
-        i.framer.set(DIGESTS, 1 << 20);
+        i.framer.set(i.digests, 1 << 20);
         i
     }
 
@@ -224,6 +257,7 @@ impl Initiator {
         let (read, write) = (expect_in > 0, !data_out.is_empty());
         b.0[1] = 0x80 | if read { 0x40 } else { 0 } | if write { 0x20 } else { 0 } | 1;
         b.set_itt(itt);
+        b.set_lun(u64::from(self.lun) << 48);
         let expected = if write {
             data_out.len() as u32
         } else {
@@ -243,7 +277,7 @@ impl Initiator {
             .min(immediate);
         self.send(
             &Pdu::new(b, Bytes::copy_from_slice(&data_out[..first])),
-            DIGESTS,
+            self.digests,
         );
         self.issued.insert(itt, self.cmd_sn.wrapping_sub(1));
         if !self.initial_r2t && data_out.len() > first {
@@ -260,7 +294,7 @@ impl Initiator {
                 d.set_u32(36, data_sn);
                 d.set_u32(40, at as u32);
                 let chunk = Bytes::copy_from_slice(&data_out[at..at + n]);
-                self.send(&Pdu::new(d, chunk), DIGESTS);
+                self.send(&Pdu::new(d, chunk), self.digests);
                 at += n;
                 data_sn += 1;
             }
@@ -299,7 +333,7 @@ impl Initiator {
                     d.set_u32(40, offset + sent);
                     let at = (offset + sent) as usize;
                     let chunk = Bytes::copy_from_slice(&data[at..at + n as usize]);
-                    self.send(&Pdu::new(d, chunk), DIGESTS);
+                    self.send(&Pdu::new(d, chunk), self.digests);
                     sent += n;
                     data_sn += 1;
                 }
@@ -416,7 +450,7 @@ impl Initiator {
         b.set_u32(20, 0xffff_ffff);
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
-        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
+        self.send(&Pdu::new(b, Bytes::new()), self.digests);
         self.other_reply(Opcode::NopIn, itt);
     }
 
@@ -430,7 +464,7 @@ impl Initiator {
         b.set_itt(itt);
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
-        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
+        self.send(&Pdu::new(b, Bytes::new()), self.digests);
         self.other_reply(Opcode::LogoutResponse, itt).bhs.0[2]
     }
 
@@ -469,15 +503,10 @@ impl Initiator {
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
         b.set_u32(32, ref_cmd_sn);
-        self.send(&Pdu::new(b, Bytes::new()), DIGESTS);
+        self.send(&Pdu::new(b, Bytes::new()), self.digests);
         self.other_reply(Opcode::TaskMgmtResponse, itt).bhs.0[2]
     }
 }
-
-const DIGESTS: Digests = Digests {
-    header: true,
-    data: true,
-};
 
 pub fn read10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
     let mut c = [0u8; 10];

@@ -18,6 +18,7 @@ fn braid_unit() -> Unit {
         relative_port: 2,
         port_group: 2,
         target_port: "iqn.2026-11.org.braid-storage:vol,t,0x0002".into(),
+        instance: None,
     }
 }
 

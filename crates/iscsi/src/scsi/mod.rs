@@ -5,6 +5,7 @@
 pub mod alua;
 pub mod attention;
 pub mod cdb;
+pub mod instance;
 pub mod opcodes;
 pub mod reserve;
 pub mod respond;
@@ -13,6 +14,7 @@ pub mod sense;
 pub use alua::{AccessState, PortGroup};
 pub use attention::{Attentions, Delivery};
 pub use cdb::{check_range, Command};
+pub use instance::decode_instance_page;
 pub use reserve::{NexusName, Refusal, Reservations};
 pub use sense::{Key, Sense};
 

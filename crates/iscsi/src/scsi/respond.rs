@@ -31,6 +31,9 @@ pub struct Unit {
     /// The SCSI target port's name, `<target>,t,0x<portal group tag>`
     /// (iSCSI's form, RFC 7143 "iSCSI Names").
     pub target_port: String,
+    /// The target process's instance, answered in VPD page 0xC0
+    /// ([`super::instance`]); `None` leaves the page out.
+    pub instance: Option<u128>,
 }
 
 const VENDOR: &[u8; 8] = b"BRAID   ";
@@ -40,7 +43,8 @@ const REVISION: &[u8; 4] = b"0001";
 /// Most blocks one COMPARE AND WRITE may cover (VMware's ATS uses one).
 pub const MAX_COMPARE_AND_WRITE_BLOCKS: u32 = 1;
 
-/// VPD pages this unit answers, in the order page 0x00 lists them.
+/// VPD pages every unit answers, in the order page 0x00 lists them; a
+/// unit with an instance adds braid's page 0xC0 after them.
 pub const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
 
 /// The IEEE COMPANY_ID field of braid's NAA designators.
@@ -70,11 +74,22 @@ impl Unit {
     ///
     /// # Errors
     ///
-    /// INVALID FIELD IN CDB for a VPD page not in [`VPD_PAGES`].
+    /// INVALID FIELD IN CDB for a VPD page this unit does not answer.
     pub fn inquiry(&self, vpd: Option<u8>, alloc: u16) -> Result<Vec<u8>, Sense> {
+        use super::instance::{instance_body, INSTANCE_PAGE};
         let data = match vpd {
             None => self.standard_inquiry(),
-            Some(0x00) => page(0x00, VPD_PAGES.to_vec()),
+            Some(0x00) => {
+                let mut pages = VPD_PAGES.to_vec();
+                if self.instance.is_some() {
+                    pages.push(INSTANCE_PAGE);
+                }
+                page(0x00, pages)
+            }
+            Some(INSTANCE_PAGE) => match self.instance {
+                Some(i) => page(INSTANCE_PAGE, instance_body(i)),
+                None => return Err(Sense::INVALID_FIELD_IN_CDB),
+            },
             Some(0x80) => page(0x80, self.serial().into_bytes()),
             Some(0x83) => page(0x83, self.designators()),
             Some(0x86) => page(0x86, self.extended_inquiry()),

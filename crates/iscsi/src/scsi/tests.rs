@@ -160,6 +160,7 @@ fn unit() -> Unit {
         relative_port: 2,
         port_group: 2,
         target_port: "iqn.2026-11.org.example:vol,t,0x0002".into(),
+        instance: None,
     }
 }
 
@@ -203,6 +204,23 @@ fn vpd_pages_list_serial_and_designators() {
     let d = u.inquiry(Some(0x00), 255).unwrap();
     assert_eq!(&d[..4], &[0, 0, 0, 7]);
     assert_eq!(&d[4..], &VPD_PAGES);
+    assert_eq!(
+        u.inquiry(Some(0xc0), 255),
+        Err(Sense::INVALID_FIELD_IN_CDB),
+        "no instance, no page"
+    );
+    // With the target's instance: page 0xC0, listed last.
+    let braid = Unit {
+        instance: Some(0xfeed),
+        ..unit()
+    };
+    let d = braid.inquiry(Some(0x00), 255).unwrap();
+    assert_eq!(&d[..4], &[0, 0, 0, 8]);
+    assert_eq!(d[4..11], VPD_PAGES);
+    assert_eq!(d[11], 0xc0);
+    let d = braid.inquiry(Some(0xc0), 255).unwrap();
+    assert_eq!(&d[..12], b"\x00\xc0\x00\x18braid   ");
+    assert_eq!(super::decode_instance_page(&d), Some(0xfeed));
 
     let d = u.inquiry(Some(0x80), 255).unwrap();
     assert_eq!(&d[4..], b"0b6f4c1e2d7a4c529e1b7f3a5d9c8e21");

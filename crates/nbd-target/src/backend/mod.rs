@@ -9,6 +9,7 @@
 mod durable;
 mod file;
 mod lock;
+pub mod netfs;
 #[cfg(feature = "rbd")]
 mod rbd;
 

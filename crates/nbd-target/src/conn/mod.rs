@@ -269,10 +269,13 @@ async fn handshake(
                 let fenced = match ctx.registry.fence_scoped(&ids, &export, session).await {
                     // Ids this server does not know may be another
                     // server's, for an export served by several (Ceph
-                    // gateways): they fence those.
+                    // gateways): they fence those. Elsewhere only ids
+                    // this server (or its earlier process) issued are
+                    // known to have nothing left in flight.
                     Ok(unknown) => match ctx.exports.find(&export).and_then(|e| e.peers.clone()) {
                         Some(peers) if !unknown.is_empty() => peers.fence(unknown).await,
-                        _ => Ok(()),
+                        Some(_) => Ok(()),
+                        None => ctx.registry.vouch(&unknown).await,
                     },
                     Err(why) => Err(why),
                 };

@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use uuid::Uuid;
+use super::label::Label;
 
 /// The extended attribute a file's identity is kept in.
 pub const XATTR: &str = "user.braid.volume";
@@ -38,7 +38,7 @@ impl DataKey {
         if meta.file_type().is_block_device() {
             return Ok(Self::Store(block_key(meta.rdev())));
         }
-        match get_xattr(path) {
+        match get_label(path) {
             Ok(_) => Ok(Self::Xattr(path.to_owned())),
             Err(e) if unsupported(&e) => {
                 Ok(Self::Store(format!("inode:{}:{}", meta.dev(), meta.ino())))
@@ -48,46 +48,66 @@ impl DataKey {
     }
 }
 
-/// The identity kept in `path`'s extended attribute, if any.
+/// What `path`'s identity attribute says, if it has one that braid can
+/// read (see [`super::label`]).
 ///
 /// # Errors
 ///
 /// The attribute cannot be read for another reason than its absence.
-pub fn get_xattr(path: &Path) -> io::Result<Option<Uuid>> {
+pub fn get_label(path: &Path) -> io::Result<Option<Label>> {
     let c = cpath(path)?;
     let name = CString::new(XATTR).expect("no NUL in the name");
-    let mut buf = [0u8; 64];
-    // SAFETY: both strings are NUL-terminated; buf is writable for its
-    // length, which is passed.
-    let n = unsafe {
-        libc::getxattr(
-            c.as_ptr(),
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENODATA) => Ok(None),
-            _ => Err(e),
+    // A label with a long path can outgrow a first guess: ask its size
+    // then (ERANGE), a few times at most as it may change under us.
+    let mut buf = vec![0u8; 512];
+    for _ in 0..4 {
+        // SAFETY: both strings are NUL-terminated; buf is writable for
+        // its length, which is passed.
+        let n = unsafe {
+            libc::getxattr(
+                c.as_ptr(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
         };
+        if n >= 0 {
+            let text = String::from_utf8_lossy(&buf[..n as usize]);
+            return Ok(Label::parse(&text));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENODATA) => return Ok(None),
+            Some(libc::ERANGE) => {
+                // SAFETY: a size query: no buffer is written.
+                let size =
+                    unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+                if size < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                buf = vec![0u8; size as usize + 64];
+            }
+            _ => return Err(e),
+        }
     }
-    let text = std::str::from_utf8(&buf[..n as usize]).unwrap_or_default();
-    Ok(Uuid::parse_str(text.trim()).ok())
+    Err(io::Error::other(format!(
+        "{}: its {XATTR} attribute keeps changing size",
+        path.display()
+    )))
 }
 
-/// Keeps `id` in `path`'s extended attribute.
+/// Keeps `label` in `path`'s extended attribute and makes it durable
+/// (the file's metadata synced) before returning: an identity is
+/// announced only once a power cut cannot take it back.
 ///
 /// # Errors
 ///
 /// The file system refuses (see [`unsupported`]) or the file is not
-/// writable by us.
-pub fn set_xattr(path: &Path, id: Uuid) -> io::Result<()> {
+/// writable by us, or the sync failed.
+pub fn set_label(path: &Path, label: &Label) -> io::Result<()> {
     let c = cpath(path)?;
     let name = CString::new(XATTR).expect("no NUL in the name");
-    let value = id.to_string();
+    let value = label.encode();
     // SAFETY: both strings are NUL-terminated; value is readable for its
     // length, which is passed.
     let r = unsafe {
@@ -102,7 +122,7 @@ pub fn set_xattr(path: &Path, id: Uuid) -> io::Result<()> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(())
+    std::fs::File::open(path)?.sync_all()
 }
 
 /// Whether an xattr error means "this file system keeps none".
@@ -212,12 +232,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("a.img");
         std::fs::write(&f, b"x").unwrap();
-        assert_eq!(get_xattr(&f).unwrap(), None);
+        assert_eq!(get_label(&f).unwrap(), None);
         assert_eq!(DataKey::of(&f).unwrap(), DataKey::Xattr(f.clone()));
-        let id = Uuid::new_v4();
-        set_xattr(&f, id).unwrap();
+        let b = super::super::label::Binding::of(&f).unwrap();
+        let long = format!("/srv/{}", "x".repeat(2000));
+        let label = Label {
+            id: uuid::Uuid::new_v4(),
+            bound: Some((b, long)),
+        };
+        set_label(&f, &label).unwrap();
         let moved = dir.path().join("b.img");
         std::fs::rename(&f, &moved).unwrap();
-        assert_eq!(get_xattr(&moved).unwrap(), Some(id));
+        assert_eq!(
+            get_label(&moved).unwrap(),
+            Some(label),
+            "past a first guess of its size"
+        );
     }
 }

@@ -20,12 +20,55 @@
 //! one volume.
 
 mod key;
+pub mod label;
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use uuid::Uuid;
+
+use label::{Binding, Label};
+
+/// What the caller knows of an export whose identity it asks.
+#[derive(Clone, Copy, Debug)]
+pub struct Want<'a> {
+    /// The export's name, for messages.
+    pub export: &'a str,
+    /// Served read-only: the file is not written.
+    pub read_only: bool,
+    /// The identity the user gave (`--volume-id`).
+    pub explicit: Option<Uuid>,
+}
+
+/// Says loudly that `path` carries an identity recorded for another file
+/// (a copy, a restored backup), and what it is served as instead.
+fn copy_found(path: &Path, now: &Binding, copied: &Label, id: Uuid, want: Want<'_>) {
+    let was = match &copied.bound {
+        Some((b, p)) if p.is_empty() => b.describe(),
+        Some((b, p)) => format!("{p}, {}", b.describe()),
+        None => String::from("another file"),
+    };
+    let (export, old) = (want.export, copied.id);
+    if want.explicit == Some(old) {
+        tracing::warn!(
+            "{} ({}) carries volume identity {old} recorded for another file ({was}): a copy \
+             or a restored backup, which --volume-id {export}={old} serves as that volume; \
+             serve the original nowhere else",
+            path.display(),
+            now.describe(),
+        );
+    } else if id != old {
+        tracing::warn!(
+            "{} ({}) carries volume identity {old} recorded for another file ({was}): a copy \
+             or a restored backup, so it is served as a new volume, {id}, which initiators \
+             will not take for the original. If it is the original disk, restored with the \
+             original gone, serve it with --volume-id {export}={old}",
+            path.display(),
+            now.describe(),
+        );
+    }
+}
 
 /// The file of known identities.
 #[derive(Debug)]
@@ -74,77 +117,99 @@ impl IdentityStore {
         Ok(Self { file, entries })
     }
 
-    /// The identity of the data at `path`, made and saved if new.
+    /// The identity of the data at `path`, served as export `want.export`:
+    /// the one given (`--volume-id`), else the one the data keeps, else a
+    /// new one, made durable before this returns. A file served read-only
+    /// is not written: its identity is kept here instead.
     ///
     /// # Errors
     ///
-    /// `path` cannot be examined, or saving a new identity failed.
-    pub fn identity(&mut self, path: &Path) -> io::Result<Uuid> {
+    /// `path` cannot be examined, or keeping a new identity failed.
+    pub fn resolve(&mut self, path: &Path, want: Want<'_>) -> io::Result<Uuid> {
+        let legacy = self.take_by_path(path);
         match key::DataKey::of(path)? {
-            key::DataKey::Xattr(file) => {
-                if let Some(id) = key::get_xattr(&file)? {
-                    return Ok(id);
-                }
-                let (id, moved) = match self.take_by_path(path) {
-                    Some(id) => (id, true),
-                    None => (Uuid::new_v4(), false),
-                };
-                self.keep(path, &file, id)?;
-                if moved {
+            key::DataKey::Xattr(file) => self.resolve_file(&file, want, legacy),
+            key::DataKey::Store(k) => {
+                let kept = self
+                    .entries
+                    .iter()
+                    .find(|(_, e)| *e == k)
+                    .map(|(id, _)| *id);
+                let id = want
+                    .explicit
+                    .or(kept)
+                    .or(legacy)
+                    .unwrap_or_else(Uuid::new_v4);
+                if kept != Some(id) || legacy.is_some() {
+                    self.entries.retain(|(_, e)| *e != k);
+                    self.entries.push((id, k));
                     self.save()?;
                 }
-                Ok(id)
-            }
-            key::DataKey::Store(k) => {
-                if let Some((id, _)) = self.entries.iter().find(|(_, e)| *e == k) {
-                    return Ok(*id);
-                }
-                let id = self.take_by_path(path).unwrap_or_else(Uuid::new_v4);
-                self.entries.push((id, k));
-                self.save()?;
                 Ok(id)
             }
         }
     }
 
-    /// Records an identity given by the user for the data at `path`.
-    ///
-    /// # Errors
-    ///
-    /// `path` cannot be examined, or saving failed.
-    pub fn set(&mut self, path: &Path, id: Uuid) -> io::Result<()> {
-        let moved = self.take_by_path(path).is_some();
-        match key::DataKey::of(path)? {
-            key::DataKey::Xattr(file) => {
-                self.keep(path, &file, id)?;
-                if moved {
-                    self.save()?;
+    /// [`Self::resolve`] for a file that takes extended attributes.
+    fn resolve_file(
+        &mut self,
+        path: &Path,
+        want: Want<'_>,
+        legacy: Option<Uuid>,
+    ) -> io::Result<Uuid> {
+        let now = Binding::of(path)?;
+        // The file's own label, or one copied from another file.
+        let (own, copied) = match key::get_label(path)? {
+            Some(l) if l.bound.as_ref().is_none_or(|(b, _)| b.same_file(&now)) => (Some(l), None),
+            Some(l) => (None, Some(l)),
+            None => (None, None),
+        };
+        let kept_at = self
+            .entries
+            .iter()
+            .position(|(_, k)| Binding::from_key(k).is_some_and(|b| b.same_file(&now)));
+        let kept = kept_at.map(|i| self.entries[i].0);
+        let id = want
+            .explicit
+            .or(own.as_ref().map(|l| l.id))
+            .or(kept)
+            .or(legacy)
+            .unwrap_or_else(Uuid::new_v4);
+        if let Some(c) = &copied {
+            copy_found(path, &now, c, id, want);
+        }
+        let mut dirty = legacy.is_some();
+        let label = Label {
+            id,
+            bound: Some((now.clone(), canonical_key(path))),
+        };
+        let write = !want.read_only && own.as_ref() != Some(&label);
+        match write.then(|| key::set_label(path, &label)) {
+            Some(Err(e)) if !key::unsupported(&e) => return Err(e),
+            // Written (or already there): the file carries it.
+            Some(Ok(())) | None if !want.read_only => {
+                if let Some(i) = kept_at {
+                    self.entries.remove(i);
+                    dirty = true;
                 }
-                Ok(())
             }
-            key::DataKey::Store(k) => {
-                self.entries.retain(|(_, e)| *e != k);
-                self.entries.push((id, k));
-                self.save()
+            // Read-only, or a file we may not label after all: what the
+            // file says of itself stands, anything else is kept here by
+            // the file's binding.
+            _ => {
+                if own.as_ref().map(|l| l.id) != Some(id) && kept != Some(id) {
+                    if let Some(i) = kept_at {
+                        self.entries.remove(i);
+                    }
+                    self.entries.push((id, now.key()));
+                    dirty = true;
+                }
             }
         }
-    }
-
-    /// Writes `id` into `file`'s extended attribute, or, where that is
-    /// refused after all (a file we may not label), keeps it by inode.
-    fn keep(&mut self, path: &Path, file: &Path, id: Uuid) -> io::Result<()> {
-        match key::set_xattr(file, id) {
-            Ok(()) => Ok(()),
-            Err(e) if key::unsupported(&e) => {
-                use std::os::unix::fs::MetadataExt;
-                let meta = fs::metadata(path)?;
-                let k = format!("inode:{}:{}", meta.dev(), meta.ino());
-                self.entries.retain(|(_, e)| *e != k);
-                self.entries.push((id, k));
-                self.save()
-            }
-            Err(e) => Err(e),
+        if dirty {
+            self.save()?;
         }
+        Ok(id)
     }
 
     /// Removes and returns an identity an older braid kept under `path`'s
@@ -173,7 +238,9 @@ impl IdentityStore {
             writeln!(f, "{id}\t{}", escape(key))?;
         }
         f.sync_all()?;
-        fs::rename(&tmp, &self.file)
+        fs::rename(&tmp, &self.file)?;
+        // The rename is durable only once the directory is.
+        fs::File::open(dir)?.sync_all()
     }
 }
 
@@ -239,6 +306,21 @@ pub fn default_state_dir() -> PathBuf {
 mod tests {
     use super::*;
 
+    fn rw() -> Want<'static> {
+        Want {
+            export: "vol",
+            read_only: false,
+            explicit: None,
+        }
+    }
+
+    fn ro() -> Want<'static> {
+        Want {
+            read_only: true,
+            ..rw()
+        }
+    }
+
     #[test]
     fn identities_survive_reopening_and_differ_per_source() {
         let dir = tempfile::tempdir().unwrap();
@@ -247,22 +329,84 @@ mod tests {
         fs::write(&a, b"").unwrap();
         fs::write(&b, b"").unwrap();
         let mut store = IdentityStore::open(dir.path()).unwrap();
-        let ia = store.identity(&a).unwrap();
-        let ib = store.identity(&b).unwrap();
+        let ia = store.resolve(&a, rw()).unwrap();
+        let ib = store.resolve(&b, rw()).unwrap();
         assert_ne!(ia, ib);
         let mut again = IdentityStore::open(dir.path()).unwrap();
-        assert_eq!(again.identity(&a).unwrap(), ia);
+        assert_eq!(again.resolve(&a, rw()).unwrap(), ia);
         // The same file by another path is the same data.
         let via_dot = dir.path().join(".").join("a.img");
-        assert_eq!(again.identity(&via_dot).unwrap(), ia);
+        assert_eq!(again.resolve(&via_dot, rw()).unwrap(), ia);
         let chosen = Uuid::new_v4();
-        again.set(&b, chosen).unwrap();
+        let given = Want {
+            explicit: Some(chosen),
+            ..rw()
+        };
+        assert_eq!(again.resolve(&b, given).unwrap(), chosen);
+        let mut third = IdentityStore::open(dir.path()).unwrap();
+        assert_eq!(third.resolve(&b, rw()).unwrap(), chosen);
+    }
+
+    #[test]
+    fn a_copy_is_a_new_volume_unless_told_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.img");
+        fs::write(&a, b"data").unwrap();
+        let mut store = IdentityStore::open(dir.path()).unwrap();
+        let ia = store.resolve(&a, rw()).unwrap();
+        // A copy that keeps extended attributes, as cp -a does.
+        let copy = dir.path().join("copy.img");
+        fs::copy(&a, &copy).unwrap();
+        let label = key::get_label(&a).unwrap().unwrap();
+        key::set_label(&copy, &label).unwrap();
+        let ic = store.resolve(&copy, rw()).unwrap();
+        assert_ne!(ic, ia, "the copy is another volume");
+        assert_eq!(store.resolve(&copy, rw()).unwrap(), ic, "and stays one");
+        assert_eq!(store.resolve(&a, rw()).unwrap(), ia);
+        // A restored backup the user says is the original.
+        let restored = dir.path().join("restored.img");
+        fs::copy(&a, &restored).unwrap();
+        key::set_label(&restored, &label).unwrap();
+        let told = Want {
+            explicit: Some(ia),
+            ..rw()
+        };
+        assert_eq!(store.resolve(&restored, told).unwrap(), ia);
+        assert_eq!(store.resolve(&restored, rw()).unwrap(), ia, "kept");
+    }
+
+    #[test]
+    fn a_read_only_file_is_not_written_and_keeps_its_identity_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.img");
+        fs::write(&a, b"data").unwrap();
+        let id = IdentityStore::open(dir.path())
+            .unwrap()
+            .resolve(&a, ro())
+            .unwrap();
         assert_eq!(
-            IdentityStore::open(dir.path())
-                .unwrap()
-                .identity(&b)
-                .unwrap(),
-            chosen
+            key::get_label(&a).unwrap(),
+            None,
+            "nothing written to the file"
+        );
+        let mut again = IdentityStore::open(dir.path()).unwrap();
+        assert_eq!(
+            again.resolve(&a, ro()).unwrap(),
+            id,
+            "kept in the state directory"
+        );
+        // Served writable later, the file takes it over.
+        assert_eq!(again.resolve(&a, rw()).unwrap(), id);
+        assert_eq!(key::get_label(&a).unwrap().map(|l| l.id), Some(id));
+        assert!(
+            again.entries.is_empty(),
+            "no longer kept here: {:?}",
+            again.entries
+        );
+        assert_eq!(
+            again.resolve(&a, ro()).unwrap(),
+            id,
+            "the file's own label stands"
         );
     }
 
@@ -272,13 +416,13 @@ mod tests {
         let odd = dir.path().join("a\nb\tc\\d.img");
         fs::write(&odd, b"").unwrap();
         let mut store = IdentityStore::open(dir.path()).unwrap();
-        let id = store.identity(&odd).unwrap();
+        let id = store.resolve(&odd, ro()).unwrap();
         let plain = dir.path().join("plain.img");
         fs::write(&plain, b"").unwrap();
-        let other = store.identity(&plain).unwrap();
+        let other = store.resolve(&plain, rw()).unwrap();
         let mut again = IdentityStore::open(dir.path()).unwrap();
-        assert_eq!(again.identity(&odd).unwrap(), id);
-        assert_eq!(again.identity(&plain).unwrap(), other);
+        assert_eq!(again.resolve(&odd, ro()).unwrap(), id);
+        assert_eq!(again.resolve(&plain, rw()).unwrap(), other);
         assert_eq!(unescape(&escape("x\\n\n")).as_deref(), Some("x\\n\n"));
         assert_eq!(unescape("bad\\q"), None);
     }

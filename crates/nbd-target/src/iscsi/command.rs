@@ -12,7 +12,6 @@
 //! READs wait their turn).
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use braid_iscsi::negotiate::Params;
@@ -509,7 +508,7 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
         | Command::ModeSelect { .. } => unitwide::execute(lun, cmd, data).await,
         _ => {
             let groups = || lun.shared.ports.groups();
-            let wce = lun.served.lu.write_cache.load(Ordering::Acquire);
+            let wce = lun.served.lu.write_cache.on();
             unit::execute(&lun.served.export, &lun.unit, wce, cmd, data, groups).await
         }
     };

@@ -7,6 +7,16 @@
 //! by a number drawn when it logs in and dropped when it ends, and, for
 //! reservations, by its name (initiator port and target port), which a
 //! session logging in again on the same path keeps.
+//!
+//! The first nexus of each initiator port (initiator name and ISID) since
+//! this process started is owed POWER ON, RESET, OR BUS DEVICE RESET
+//! OCCURRED (29h/00h; SAM-5 6.3.1: a power on establishes that condition
+//! for every I_T nexus; 29h/00h rather than the narrower 29h/01h because
+//! initiators and tools that clear a unit attention after login, as
+//! libiscsi's iscsi-ls does, look for that one): an initiator whose
+//! session comes back to a restarted target learns that what it wrote and
+//! never flushed may be gone. A port seen before, logging in again to the
+//! same process (a reinstated session, another portal), is owed nothing.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,10 +27,15 @@ use braid_iscsi::scsi::{Attentions, Command, Delivery, NexusName, Reservations, 
 
 use super::task::TaskSet;
 
+/// Most initiator ports remembered as told of the power on.
+const MAX_TOLD: usize = 65_536;
+
 /// One logical unit's shared state.
 #[derive(Debug)]
 pub(crate) struct LogicalUnit {
     nexuses: Mutex<HashMap<u64, (NexusName, Attentions)>>,
+    /// Initiator ports (`iqn…,i,0x<ISID>`) told of the power on.
+    told: Mutex<std::collections::HashSet<String>>,
     next: AtomicU64,
     pub tasks: Arc<TaskSet>,
     reservations: Mutex<Reservations>,
@@ -32,7 +47,7 @@ pub(crate) struct LogicalUnit {
     pub saved: Option<PathBuf>,
     /// The caching page's WCE: off, every write goes through to the
     /// medium before it is acknowledged.
-    pub write_cache: AtomicBool,
+    pub write_cache: super::cache::WriteCache,
 }
 
 /// The reservations, locked; whether one is held is noted again when the
@@ -90,12 +105,15 @@ impl Nexus {
 
 impl LogicalUnit {
     /// A unit whose reservations are kept in `saved` (and read from it
-    /// now), or only in memory.
+    /// now), or only in memory, with `write_cache`.
     ///
     /// # Errors
     ///
     /// The saved file could not be read, or is not what braid writes.
-    pub fn new(saved: Option<PathBuf>) -> std::io::Result<Self> {
+    pub fn new(
+        saved: Option<PathBuf>,
+        write_cache: super::cache::WriteCache,
+    ) -> std::io::Result<Self> {
         let reservations = match &saved {
             None => Reservations::default(),
             Some(p) => match std::fs::read_to_string(p) {
@@ -111,12 +129,13 @@ impl LogicalUnit {
         };
         Ok(Self {
             nexuses: Mutex::default(),
+            told: Mutex::default(),
             next: AtomicU64::new(0),
             tasks: Arc::default(),
             held: AtomicBool::new(reservations.held()),
             reservations: Mutex::new(reservations),
             saved,
-            write_cache: AtomicBool::new(true),
+            write_cache,
         })
     }
 
@@ -137,11 +156,23 @@ impl LogicalUnit {
         self.held.load(Ordering::SeqCst) && self.reservations().conflicts(name, cmd)
     }
 
-    /// A new nexus named `name`, with nothing pending.
+    /// A new nexus named `name`, owed the power on condition when its
+    /// initiator port is new to this process, else nothing.
     pub fn join(self: &Arc<Self>, name: NexusName) -> Nexus {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock()
-            .insert(id, (name.clone(), Attentions::default()));
+        let mut pending = Attentions::default();
+        let mut told = self.told.lock().unwrap_or_else(|p| p.into_inner());
+        if told.len() >= MAX_TOLD {
+            // Logins with ever new ISIDs must not grow this for ever; a
+            // port told twice replays for nothing, which is safe.
+            told.clear();
+        }
+        let new_port = told.insert(name.initiator_port.clone());
+        drop(told);
+        if new_port {
+            pending.raise(Sense::POWER_ON_RESET);
+        }
+        self.lock().insert(id, (name.clone(), pending));
         Nexus {
             lu: self.clone(),
             id,
@@ -187,11 +218,56 @@ impl LogicalUnit {
 mod tests {
     use super::*;
 
+    fn unit() -> Arc<LogicalUnit> {
+        let (cache, _) = super::super::cache::WriteCache::load(None, false).unwrap();
+        Arc::new(LogicalUnit::new(None, cache).unwrap())
+    }
+
+    #[test]
+    fn each_initiator_port_is_told_of_the_power_on_once() {
+        let lu = unit();
+        let port = |who: &str, isid, tag| NexusName::new(who, [0x80, 0, 0, 0, 0, isid], tag);
+        let a = lu.join(port("iqn.2026-11.org.example:a", 1, 1));
+        let tur = Command::TestUnitReady;
+        let inquiry = Command::Inquiry {
+            vpd: None,
+            alloc: 36,
+        };
+        assert_eq!(a.deliver(&inquiry), Delivery::Run, "INQUIRY is never told");
+        assert_eq!(a.deliver(&Command::ReportLuns { alloc: 16 }), Delivery::Run);
+        assert_eq!(a.deliver(&tur), Delivery::Report(Sense::POWER_ON_RESET));
+        assert_eq!(a.deliver(&tur), Delivery::Run, "once");
+        drop(a);
+        // The same port again (a reinstated session), through another
+        // portal too: nothing. Another ISID or initiator: told.
+        let again = lu.join(port("IQN.2026-11.org.example:a", 1, 1));
+        let elsewhere = lu.join(port("iqn.2026-11.org.example:a", 1, 2));
+        let isid = lu.join(port("iqn.2026-11.org.example:a", 2, 1));
+        let other = lu.join(port("iqn.2026-11.org.example:b", 1, 1));
+        assert_eq!(again.deliver(&tur), Delivery::Run);
+        assert_eq!(elsewhere.deliver(&tur), Delivery::Run);
+        assert_eq!(
+            isid.deliver(&Command::RequestSense { alloc: 18 }),
+            Delivery::AsSenseData(Sense::POWER_ON_RESET),
+            "REQUEST SENSE returns it as its data"
+        );
+        assert_eq!(other.deliver(&tur), Delivery::Report(Sense::POWER_ON_RESET));
+    }
+
     #[test]
     fn a_condition_reaches_every_nexus_logged_in_once() {
-        let lu = Arc::new(LogicalUnit::new(None).unwrap());
+        let lu = unit();
         let name = |isid| NexusName::new("iqn.2026-11.org.example:a", [0, 0, 0, 0, 0, isid], 1);
         let (a, b) = (lu.join(name(1)), lu.join(name(2)));
+        // Told of the power on first.
+        assert_eq!(
+            a.deliver(&Command::TestUnitReady),
+            Delivery::Report(Sense::POWER_ON_RESET)
+        );
+        assert_eq!(
+            b.deliver(&Command::TestUnitReady),
+            Delivery::Report(Sense::POWER_ON_RESET)
+        );
         lu.raise(Sense::ACCESS_STATE_CHANGED, None);
         lu.raise(Sense::REPORTED_LUNS_CHANGED, Some(b.id));
         let tur = Command::TestUnitReady;

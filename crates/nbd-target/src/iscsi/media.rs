@@ -1,9 +1,11 @@
 //! The SCSI commands that touch the medium, carried out on the export's
 //! backend: READ, WRITE, SYNCHRONIZE CACHE, WRITE SAME, UNMAP, GET LBA
 //! STATUS, COMPARE AND WRITE, VERIFY and WRITE AND VERIFY. With the write
-//! cache turned off (MODE SELECT) every write goes through to the medium. Every write holds its range in the
-//! export's range lock beside NBD's writers; COMPARE AND WRITE holds it
-//! alone, so nothing lands between its compare and its write.
+//! cache off (the default, see `cache.rs`) everything that changes the
+//! medium (writes, WRITE SAME, UNMAP) is on stable storage before GOOD.
+//! Every write holds its range in the export's range lock beside NBD's
+//! writers; COMPARE AND WRITE holds it alone, so nothing lands between its
+//! compare and its write.
 
 use std::sync::Arc;
 
@@ -93,7 +95,14 @@ pub async fn execute(
             blocks,
             unmap,
             no_data,
-        } => write_same(b, e, unit, lba, blocks, unmap, no_data, data).await,
+        } => {
+            let same = Same {
+                unmap,
+                no_data,
+                durable: !write_cache,
+            };
+            write_same(b, e, unit, lba, blocks, same, data).await
+        }
         Command::Unmap { .. } => {
             let ranges = match unmap_ranges(&data.unwrap_or_default(), 256) {
                 Ok(r) => r,
@@ -107,12 +116,18 @@ pub async fn execute(
                     return Outcome::Check(Sense::INVALID_FIELD_IN_CDB);
                 }
             }
+            // Write-through: the holes are made stable once, after all.
+            let durable = !write_cache;
             let done = call(b, move |b| {
                 ranges.iter().try_for_each(|r| {
                     let (offset, len) = (bytes(r.lba), bytes(r.blocks));
                     let _range = e.writes.shared(offset, len);
                     b.trim(offset, len, false)
-                })
+                })?;
+                if durable {
+                    b.flush()?;
+                }
+                Ok::<_, std::io::Error>(())
             })
             .await;
             match done {
@@ -147,17 +162,28 @@ pub async fn execute(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How a WRITE SAME writes: unmapping (UNMAP bit), zeroes without data
+/// (NDOB), and on stable storage before GOOD (the write cache is off).
+struct Same {
+    unmap: bool,
+    no_data: bool,
+    durable: bool,
+}
+
 async fn write_same(
     b: Arc<dyn Backend>,
     e: Arc<Export>,
     unit: &Unit,
     lba: u64,
     blocks: u32,
-    unmap: bool,
-    no_data: bool,
+    same: Same,
     data: Option<Vec<u8>>,
 ) -> Outcome {
+    let Same {
+        unmap,
+        no_data,
+        durable,
+    } = same;
     // 0 blocks: to the end of the medium (the block limits page says
     // WSNZ 0), within the same bound as any other count.
     let blocks = match blocks {
@@ -188,13 +214,13 @@ async fn write_same(
     let r = call(b, move |b| {
         let _range = e.writes.shared(offset, len);
         if zero {
-            b.zero(offset, len, trim, false, false).map_err(|_| ())
+            b.zero(offset, len, trim, false, durable).map_err(|_| ())
         } else {
             let mut buf = Vec::with_capacity(len as usize);
             for _ in 0..blocks {
                 buf.extend_from_slice(&block);
             }
-            b.write_at(&buf, offset, false).map_err(|_| ())
+            b.write_at(&buf, offset, durable).map_err(|_| ())
         }
     })
     .await;

@@ -7,6 +7,7 @@
 //! moves bytes and calls the backend. Exports forwarded to another server
 //! (braid attach) are not offered over iSCSI.
 
+mod cache;
 mod command;
 mod conn;
 mod lu;
@@ -48,12 +49,21 @@ pub struct IscsiConfig {
     /// authentication).
     pub chap: Option<braid_iscsi::chap::Credentials>,
     /// Where persistent reservations that must outlive a restart are
-    /// kept (`reservations/<volume identity>`); `None`: in memory only.
+    /// kept (`reservations/<volume identity>`), and an initiator's choice
+    /// of the write cache (`write-cache/<volume identity>`); `None`: in
+    /// memory only.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Exports whose units start with the write cache on (WCE 1), for
+    /// initiators that send SYNCHRONIZE CACHE; every other unit is
+    /// write-through.
+    pub write_cache: std::collections::HashSet<String>,
     /// The server's limits: connections in total and per client address
     /// (NBD's and iSCSI's are counted apart), and the time a login has
     /// (the handshake timeout).
     pub limits: crate::conn::Limits,
+    /// The process's instance, as NBD reports it (`x-braid:instance`),
+    /// answered in VPD page 0xC0.
+    pub instance: u128,
 }
 
 impl Default for IscsiConfig {
@@ -62,7 +72,9 @@ impl Default for IscsiConfig {
             iqn_prefix: DEFAULT_IQN_PREFIX.to_owned(),
             chap: None,
             state_dir: None,
+            write_cache: std::collections::HashSet::new(),
             limits: crate::conn::Limits::default(),
+            instance: uuid::Uuid::new_v4().as_u128(),
         }
     }
 }
@@ -83,6 +95,8 @@ pub(crate) struct Shared {
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
     pub limits: crate::conn::Limits,
+    /// The process's instance (VPD page 0xC0).
+    pub instance: u128,
     /// Connections open, by client address.
     clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Test hook: commands of an initiator's sessions wait before the
@@ -244,14 +258,19 @@ impl IscsiServer {
             .iter()
             .filter(|e| matches!(e.storage, Storage::Local(_)))
             .map(|e| {
-                let saved = cfg
-                    .state_dir
-                    .as_ref()
-                    .map(|d| d.join("reservations").join(e.volume.to_string()));
+                let kept = |what: &str| {
+                    cfg.state_dir
+                        .as_ref()
+                        .map(|d| d.join(what).join(e.volume.to_string()))
+                };
+                let on = cfg.write_cache.contains(&e.name);
+                let (cache, origin) = cache::WriteCache::load(kept("write-cache"), on)?;
+                let name = format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase());
+                log_write_cache(&name, cache.on(), origin);
                 Ok(Arc::new(Served {
-                    name: format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase()),
+                    name,
                     export: e.clone(),
-                    lu: Arc::new(lu::LogicalUnit::new(saved)?),
+                    lu: Arc::new(lu::LogicalUnit::new(kept("reservations"), cache)?),
                 }))
             })
             .collect::<io::Result<_>>()?;
@@ -263,6 +282,7 @@ impl IscsiServer {
                 chap: cfg.chap.clone(),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),
+                instance: cfg.instance,
                 clients: Mutex::default(),
                 holds: Mutex::default(),
             }),
@@ -294,6 +314,20 @@ impl IscsiServer {
         }
         while accepting.join_next().await.is_some() {}
     }
+}
+
+/// Says at start what each unit's write cache is, and why.
+fn log_write_cache(target: &str, on: bool, origin: cache::Origin) {
+    let why = match (on, origin) {
+        (_, cache::Origin::Initiator) => "as an initiator set it by MODE SELECT",
+        (true, cache::Origin::Operator) => {
+            "--iscsi-write-cache: WRITEs are durable once the initiator sends SYNCHRONIZE \
+             CACHE, which ESXi never does"
+        }
+        (false, cache::Origin::Operator) => "write-through: every WRITE durable before GOOD",
+    };
+    let state = if on { "on" } else { "off" };
+    info!(iqn = target, "iSCSI write cache {state} ({why})");
 }
 
 /// Wildcard portals replaced by every reachable address of their family

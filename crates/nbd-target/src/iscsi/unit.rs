@@ -31,8 +31,8 @@ pub enum Outcome {
 }
 
 /// The unit as SCSI describes it through the portal with tag `tag`, of
-/// the target named `target`.
-pub fn describe(export: &Export, target: &str, tag: u16) -> Unit {
+/// the target named `target`, served by the process `instance`.
+pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit {
     let (thin, rotational) = match &export.storage {
         Storage::Local(b) => {
             let c = b.caps();
@@ -54,6 +54,7 @@ pub fn describe(export: &Export, target: &str, tag: u16) -> Unit {
         relative_port: tag,
         port_group: tag,
         target_port: format!("{target},t,0x{tag:04x}"),
+        instance: Some(instance),
     }
 }
 

@@ -10,7 +10,6 @@
 
 use std::io::{self, Write};
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use braid_iscsi::scsi::reserve::Effects;
 use braid_iscsi::scsi::respond::mode_select;
@@ -22,6 +21,7 @@ use super::task::abort_all;
 use super::unit::Outcome;
 
 const MODE_PARAMETERS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x01);
+const INTERNAL_TARGET_FAILURE: Sense = Sense::new(Key::HardwareError, 0x44, 0x00);
 
 fn refused(r: Refusal) -> Outcome {
     match r {
@@ -79,20 +79,25 @@ pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> O
         },
         Command::ModeSelect { ten, .. } => {
             let params = data.unwrap_or_default();
-            let was = lu.write_cache.load(Ordering::Acquire);
-            match mode_select(&lun.unit, &params, ten, was) {
-                Ok(wce) => {
-                    if wce != was {
-                        lu.write_cache.store(wce, Ordering::Release);
-                        info!(
-                            write_cache = wce,
-                            "iSCSI MODE SELECT changed the write cache"
-                        );
-                        lu.raise(MODE_PARAMETERS_CHANGED, Some(lun.nexus.id));
-                    }
+            let wce = match mode_select(&lun.unit, &params, ten, lu.write_cache.on()) {
+                Ok(wce) => wce,
+                Err(s) => return Outcome::Check(s),
+            };
+            match lu.write_cache.set(wce).await {
+                Ok(false) => Outcome::Good(Vec::new()),
+                Ok(true) => {
+                    info!(
+                        write_cache = wce,
+                        target = %lun.served.name,
+                        "iSCSI MODE SELECT changed the write cache"
+                    );
+                    lu.raise(MODE_PARAMETERS_CHANGED, Some(lun.nexus.id));
                     Outcome::Good(Vec::new())
                 }
-                Err(s) => Outcome::Check(s),
+                Err(e) => {
+                    warn!("the write cache setting was not kept, so not changed: {e}");
+                    Outcome::Check(INTERNAL_TARGET_FAILURE)
+                }
             }
         }
         _ => Outcome::Check(Sense::INVALID_OPCODE),
