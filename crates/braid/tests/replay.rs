@@ -176,6 +176,76 @@ h2.shutdown()
     assert!(attach.status()["lost"].is_null());
 }
 
+/// Over iSCSI too: braid's target names its process in VPD page 0xC0, so
+/// a path that comes back to a restarted `braid serve --iscsi` is known
+/// to lead to a new process and the window is written again. Before, the
+/// initiator read no instance over iSCSI and braid's target told no
+/// restart: nothing was replayed ("acknowledged writes lost: LOST").
+#[cfg_attr(
+    braid_skip = "nbdsh",
+    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
+)]
+#[test]
+fn unflushed_writes_come_back_after_braids_iscsi_target_restarts() {
+    if !tool("nbdsh") {
+        return;
+    }
+    let (port, iscsi) = (free_port(), free_port());
+    let start = || {
+        Serve::start(&[
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--iscsi",
+            &iscsi.to_string(),
+            "--volume-id",
+            &format!("vol={VOLUME_ID}"),
+            "vol=mem:16MiB",
+        ])
+    };
+    let mut first = start();
+    let uri = format!("iscsi://127.0.0.1:{iscsi}/iqn.2026-11.org.braid-storage:vol/0");
+    let attach = Attach::start(None, &uri, "vol", &["--no-path-timeout", "60"]);
+    assert_eq!(
+        attach.status()["replay"],
+        true,
+        "the target names its process"
+    );
+    through_attach(
+        &attach,
+        "for i in range(4):\n    h.pwrite(bytes([17 + i]) * (1 << 20), i * (1 << 20))",
+    );
+    signal(first.pid(), libc::SIGKILL);
+    first.stop();
+    let _second = start();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = attach.status();
+        if v["replays"].as_u64() == Some(1) && v["paths"][0]["state"] == "active" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replay: {v}\n{}",
+            attach.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = through_attach(
+        &attach,
+        "h.flush()\nok = all(h.pread(1 << 20, i * (1 << 20)) == bytes([17 + i]) * (1 << 20) for i in range(4))\nprint('INTACT' if ok else 'LOST')",
+    );
+    assert!(
+        out.contains("INTACT"),
+        "acknowledged writes lost: {out}\n{}",
+        attach.log()
+    );
+    assert!(
+        attach.log().contains("new instance"),
+        "known by name, not guessed from a reset: {}",
+        attach.log()
+    );
+}
+
 #[cfg_attr(
     braid_skip = "nbdkit",
     ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"

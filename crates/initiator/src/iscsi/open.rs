@@ -75,6 +75,10 @@ pub struct Opened {
     pub access: AccessState,
     /// A unit attention for a reset came while opening.
     pub reset_seen: bool,
+    /// The target's process, from braid's vendor VPD page 0xC0, where
+    /// the target has it: a restart is then known by name, not guessed
+    /// from a reset every new session may be told of.
+    pub instance: Option<u128>,
 }
 
 /// Attempts at TEST UNIT READY while the unit reports attentions or is
@@ -183,6 +187,21 @@ pub async fn open(
             _ => None,
         },
     };
+    let instance = match call(cdb::inquiry(Some(0x00), 255), 255)
+        .await
+        .map_err(&other)?
+    {
+        a if is_good(&a) && a.data.get(4..).is_some_and(|pages| pages.contains(&0xc0)) => {
+            match call(cdb::inquiry(Some(0xc0), 255), 255)
+                .await
+                .map_err(&other)?
+            {
+                a if is_good(&a) => braid_iscsi::scsi::decode_instance_page(&a.data),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
     let capacity = match call(cdb::read_capacity16(32), 32).await.map_err(&other)? {
         a if is_good(&a) => Some(unit::capacity16(&a.data).map_err(|e| other(e.to_string()))?),
         _ if access != AccessState::ActiveOptimized => None,
@@ -213,6 +232,7 @@ pub async fn open(
         port_group: designators.port_group,
         access,
         reset_seen,
+        instance,
     })
 }
 

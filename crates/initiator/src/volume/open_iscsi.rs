@@ -454,13 +454,15 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
     // initiator port meets the target after a start: at open that says
     // only that the target tells of restarts; later, that it may have
     // restarted (the engine decides whether this is a restart it knows).
-    let instance = if !o.reset_seen {
-        Instance::Unknown
-    } else if opening {
-        core.engine.restarts_told();
-        Instance::Unknown
-    } else {
-        Instance::ResetSeen
+    let instance = match o.instance {
+        // braid's target names its process: the engine compares names.
+        Some(id) => Instance::Known(id),
+        None if !o.reset_seen => Instance::Unknown,
+        None if opening => {
+            core.engine.restarts_told();
+            Instance::Unknown
+        }
+        None => Instance::ResetSeen,
     };
     let generation = core.paths[path.0].generation + 1;
     let id = conn_id(o.conn.logged_in.isid);
