@@ -10,7 +10,6 @@
 
 pub mod conn;
 pub mod discover;
-pub mod forward;
 pub mod iscsi;
 pub mod pathrule;
 pub mod uri;

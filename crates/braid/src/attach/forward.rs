@@ -9,7 +9,7 @@ use braid_proto::{Command, Errno, Request, TransmissionFlags};
 use braid_target::{Forward, ForwardFuture, Forwarded};
 use bytes::Bytes;
 
-use crate::{Op, Volume};
+use braid_initiator::{Op, Volume};
 
 /// The volume as the target's forwarded storage.
 pub struct VolumeForward(pub Arc<Volume>);

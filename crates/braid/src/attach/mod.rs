@@ -9,6 +9,7 @@
 
 mod console;
 mod devices;
+mod forward;
 mod report;
 mod spec;
 
@@ -16,9 +17,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
-use braid_initiator::forward::VolumeForward;
 use braid_target::portal::Portal;
 use braid_target::{Export, Exports, Limits, Storage, Target};
+use forward::VolumeForward;
 use tracing::{error, info, warn};
 
 use crate::attached::{Attached, Volumes};
