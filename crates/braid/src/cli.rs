@@ -484,11 +484,14 @@ pub struct MultipathArgs {
     pub initiator_name: Option<String>,
 
     /// iSCSI: fence a failed path by persistent reservation (PREEMPT AND
-    /// ABORT of its key) instead of session reinstatement. Every path
-    /// registers a key and the unit is reserved "write exclusive, all
-    /// registrants", so other initiators cannot write while braid has it
-    /// open; for targets that scope sessions to a portal group (LIO).
-    /// Needs a target with persistent reservations
+    /// ABORT of its key) instead of the fence braid knows for the target
+    /// (session reinstatement for braid's own, and then LOGICAL UNIT RESET
+    /// for tgt; any other target has a failed path's writes held until
+    /// the no-path timeout fails them). Every path registers a key and
+    /// the unit is reserved "write exclusive, all registrants", so other
+    /// initiators cannot write while braid has it open; for LIO and other
+    /// targets, and for targets that scope sessions to a portal group.
+    /// Needs PREEMPT AND ABORT (tgt lacks it and is refused)
     #[arg(long)]
     pub persistent_reservations: bool,
 }

@@ -133,6 +133,12 @@ pub struct VolumeStatus {
     pub policy: String,
     /// The target fences failed paths' connections.
     pub fencing: bool,
+    /// How: `x-braid:fence`, `reinstatement`, `reinstatement+lu-reset`
+    /// (tgt), `persistent-reservation`, `held` (no fence known for the
+    /// iSCSI target: a failed path's writes wait, then fail with EIO at
+    /// the no-path timeout) or `none`.
+    #[serde(default)]
+    pub fence: String,
     /// The target says which process answers (or tells new sessions of a
     /// power on), so a restart is seen and the writes it may have lost are
     /// given back.

@@ -133,6 +133,19 @@ pub fn render(s: &Status) -> String {
     out
 }
 
+/// How a failed path's writes are fenced, as the second line says it.
+fn fence_note(vol: &VolumeStatus) -> String {
+    match vol.fence.as_str() {
+        "held" => ", fence held (no fence known for this target: a failed path's writes wait, \
+                   then fail with EIO at the no-path timeout; --persistent-reservations fences \
+                   a target that has PREEMPT AND ABORT)"
+            .into(),
+        "none" | "" if !vol.fencing => ", no fencing".into(),
+        "" => String::new(),
+        f => format!(", fence {f}"),
+    }
+}
+
 fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
     out.push_str(&format!(
         "{} ({}) size {} policy {}\n  identity {}, socket {}, braid attach pid {pid}{}{}\n",
@@ -144,7 +157,7 @@ fn render_volume(out: &mut String, pid: u32, vol: &VolumeStatus) {
             .as_deref()
             .unwrap_or("unknown (plain NBD server)"),
         vol.socket,
-        if vol.fencing { "" } else { ", no fencing" },
+        fence_note(vol),
         if vol.replay {
             ""
         } else {

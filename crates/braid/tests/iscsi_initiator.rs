@@ -4,7 +4,8 @@
 //! `--portal` for tgt, whose SendTargets lists only the portal asked);
 //! `bench --verify`; CHAP and mutual CHAP with right and wrong secrets;
 //! a portal leading to another unit refused with both identities; and
-//! `braid attach` of an iSCSI volume read through an NBD client.
+//! `braid attach` of an iSCSI volume read through an NBD client, its
+//! status naming the fence braid's target gets.
 
 mod common;
 mod labkit;
@@ -330,6 +331,7 @@ fn braid_attach_serves_an_iscsi_volume_to_nbd_clients() {
         Some(2),
         "{status}"
     );
+    assert_eq!(status["fence"], "reinstatement", "{status}");
 }
 
 #[cfg_attr(

@@ -7,8 +7,8 @@
 //! One workload per target walks through every fault in turn (one lab,
 //! one session set), so the suite costs a lab's setup once per target;
 //! the two targets' runs go at once, each in its own lab.
-//! Against tgt, failed paths are fenced by session reinstatement (the
-//! default); against braid's target by persistent reservation
+//! Against tgt, failed paths are fenced by session reinstatement and
+//! LOGICAL UNIT RESET (the default for tgt); against braid's target by persistent reservation
 //! (`--persistent-reservations`): there the failed sessions' keys must have
 //! been preempted, and closing the volume must leave no key registered.
 

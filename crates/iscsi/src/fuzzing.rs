@@ -8,8 +8,8 @@
 //! write, a ping and a text request in flight, framed with the digests
 //! the login settled. Beyond "never panics" it checks that no Data-In
 //! is reported outside the command it answers, and runs every answer the
-//! session hands out through the parsers of sense data, unit pages and
-//! SendTargets answers.
+//! session hands out through the parsers of sense data, unit pages,
+//! reservation answers and SendTargets answers.
 
 use std::collections::HashMap;
 
@@ -18,7 +18,7 @@ use bytes::{Bytes, BytesMut};
 use crate::chap::Credentials;
 use crate::initiator::login::{InitiatorLogin, Isid, Kind, LoggedIn, LoginConfig, Step};
 use crate::initiator::session::{Command, Event, Session};
-use crate::initiator::{cdb, sendtargets, sense::SenseData, unit};
+use crate::initiator::{cdb, reservation, sendtargets, sense::SenseData, unit};
 use crate::negotiate::Params;
 use crate::pdu::Framer;
 use crate::Digests;
@@ -185,6 +185,9 @@ fn parse_all(d: &[u8]) {
     let _ = unit::capacity16(d);
     let _ = unit::caching(d);
     let _ = unit::port_groups(d);
+    let _ = reservation::needed(d);
+    let _ = reservation::keys(d);
+    let _ = reservation::full_status(d);
     if let Some(s) = SenseData::parse(d) {
         let _ = s.verdict();
     }

@@ -28,6 +28,12 @@ pub(crate) struct State {
     pub sync_delay: Duration,
     pub syncs: u64,
     pub failed_syncs: u64,
+    /// The next write that covers this byte waits this long before it
+    /// reaches the disk (once).
+    pub write_delay: Option<(u64, Duration)>,
+    /// Writes that waited so: begun (waiting or landed), and landed.
+    pub delayed_begun: u64,
+    pub delayed_landed: u64,
 }
 
 pub(crate) struct Shared {
@@ -46,6 +52,9 @@ impl Shared {
                 sync_delay: Duration::ZERO,
                 syncs: 0,
                 failed_syncs: 0,
+                write_delay: None,
+                delayed_begun: 0,
+                delayed_landed: 0,
             }),
             power: Condvar::new(),
         }
@@ -105,28 +114,39 @@ impl PowerCutFs {
         }
     }
 
+    /// Waits `delay` with the state unlocked (so other requests go on),
+    /// on the condvar rather than in sleep, so that a power cut meanwhile
+    /// fails the operation at once, as it would on real hardware.
+    fn wait<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        delay: Duration,
+    ) -> Result<MutexGuard<'a, State>, Errno> {
+        let deadline = std::time::Instant::now() + delay;
+        while state.powered {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .shared
+                .power
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if state.powered {
+            Ok(state)
+        } else {
+            Err(Errno::EIO)
+        }
+    }
+
     fn sync(&self) -> Result<(), Errno> {
         let mut state = self.powered()?;
         let delay = state.sync_delay;
         if !delay.is_zero() {
-            // Waits on the condvar, not in sleep, so a power cut during a
-            // slow flush fails it at once, as it would on real hardware.
-            let deadline = std::time::Instant::now() + delay;
-            while state.powered {
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                state = self
-                    .shared
-                    .power
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            if !state.powered {
-                return Err(Errno::EIO);
-            }
+            state = self.wait(state, delay)?;
         }
         state.syncs += 1;
         if state.failing_syncs > 0 {
@@ -195,7 +215,13 @@ impl Filesystem for PowerCutFs {
             return reply.error(Errno::EISDIR);
         }
         match self.powered() {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            // Writes in parallel, as a disk takes them: one held in a
+            // delay must not hold the others back behind the kernel's
+            // per-file lock.
+            Ok(_) => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -229,11 +255,21 @@ impl Filesystem for PowerCutFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.powered() {
-            Ok(mut state) => match state.disk.write(offset, data) {
-                0 if !data.is_empty() => reply.error(Errno::ENOSPC),
-                n => reply.written(n as u32),
-            },
+        let written = self.powered().and_then(|mut state| {
+            let end = offset.saturating_add(data.len() as u64);
+            if let Some((at, delay)) = state.write_delay {
+                if offset <= at && at < end {
+                    state.write_delay = None;
+                    state.delayed_begun += 1;
+                    state = self.wait(state, delay)?;
+                    state.delayed_landed += 1;
+                }
+            }
+            Ok(state.disk.write(offset, data))
+        });
+        match written {
+            Ok(0) if !data.is_empty() => reply.error(Errno::ENOSPC),
+            Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(e),
         }
     }

@@ -9,8 +9,10 @@
 //!
 //! Faults the tests also need: a cache flush that fails with EIO and, like
 //! Linux's, forgets the dirty data so the next one succeeds
-//! ([`PowerCut::fail_next_syncs`]); and one that takes seconds
-//! ([`PowerCut::delay_syncs`]).
+//! ([`PowerCut::fail_next_syncs`]); one that takes seconds
+//! ([`PowerCut::delay_syncs`]); and a slow write at a chosen place
+//! ([`PowerCut::delay_next_write_at`]), for a write a storage stack still
+//! has under way when something else happens.
 //!
 //! Mounting needs root (`mount(2)` on `/dev/fuse`).
 
@@ -33,6 +35,13 @@ pub struct PowerCut {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
     file: PathBuf,
+}
+
+/// Where the delayed writes are: begun (waiting or landed) and landed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Delayed {
+    pub begun: u64,
+    pub landed: u64,
 }
 
 /// Counters of cache flushes, for a test to check its fault was reached.
@@ -72,8 +81,9 @@ impl PowerCut {
             fuser::MountOption::FSName("braid-powercut".into()),
             fuser::MountOption::DefaultPermissions,
         ];
-        // Two workers: a slow flush must not stall every read behind it.
-        config.n_threads = Some(2);
+        // Workers enough that a slow flush or a delayed write does not
+        // stall every other request behind it.
+        config.n_threads = Some(4);
         let session = match subtype {
             None => fuser::spawn_mount(fs, mountpoint, &config)?,
             Some(sub) => {
@@ -127,6 +137,25 @@ impl PowerCut {
     /// Every cache flush waits `delay` first.
     pub fn delay_syncs(&self, delay: Duration) {
         self.shared.lock().sync_delay = delay;
+    }
+
+    /// The next write that covers byte `offset` waits `delay` before it
+    /// reaches the disk (its data lands at the end, whole), once; other
+    /// requests, writes to the same bytes included, go on meanwhile, as
+    /// a disk with a deep queue lets them. A power cut while it waits
+    /// fails it.
+    pub fn delay_next_write_at(&self, offset: u64, delay: Duration) {
+        self.shared.lock().write_delay = Some((offset, delay));
+    }
+
+    /// What became of the writes [`PowerCut::delay_next_write_at`]
+    /// delayed.
+    pub fn delayed(&self) -> Delayed {
+        let state = self.shared.lock();
+        Delayed {
+            begun: state.delayed_begun,
+            landed: state.delayed_landed,
+        }
     }
 
     pub fn syncs(&self) -> Syncs {

@@ -98,6 +98,7 @@ pub fn volume_status(a: &Attached, rates: &Rates, window: Duration) -> ctl::Volu
         size: info.size,
         policy: report.policy,
         fencing: info.fencing,
+        fence: info.fence.to_owned(),
         replay: report.replay.available,
         replay_window_bytes: report.replay.window_bytes,
         replay_window_pinned: report.replay.window_pinned,

@@ -404,9 +404,9 @@ impl Initiator {
     }
 
     /// The unit's registered reservation keys (PERSISTENT RESERVE IN,
-    /// READ KEYS).
+    /// READ KEYS, with room for 8000).
     pub fn registered_keys(&mut self) -> Vec<u64> {
-        let r = self.exec(&[0x5e, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &[], 512);
+        let r = self.exec(&[0x5e, 0, 0, 0, 0, 0, 0, 0xfa, 0, 0], &[], 0xfa00);
         assert!(r.good(), "READ KEYS: {r:?}");
         let listed = u32::from_be_bytes(r.data[4..8].try_into().unwrap()) as usize;
         r.data[8..8 + listed]

@@ -151,6 +151,13 @@ impl Tgt {
             "-b",
             &backing,
         ]);
+        self.lun_params(tid, lun, &format!("scsi_sn={serial},scsi_id={serial}"));
+    }
+
+    /// Sets the unit's parameters (`vendor_id=ACME,product_id=DISK`, as
+    /// tgtadm takes them).
+    pub fn lun_params(&self, tid: u32, lun: u16, params: &str) {
+        let (t, l) = (tid.to_string(), lun.to_string());
         self.adm(&[
             "--lld",
             "iscsi",
@@ -163,7 +170,7 @@ impl Tgt {
             "--lun",
             &l,
             "--params",
-            &format!("scsi_sn={serial},scsi_id={serial}"),
+            params,
         ]);
     }
 

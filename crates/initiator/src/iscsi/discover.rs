@@ -5,15 +5,13 @@
 //! are left out with a note; the open is never held up longer than one
 //! probe.
 //!
-//! Also here: ending a failed session from another path (a fence), by
-//! logging in with its ISID, which makes the target end the old session
-//! (RFC 7143, "Session Reinstatement, Closure, and Timeout"), then
-//! logging out.
+//! Also here: the exchange of PDUs on a session with no SCSI traffic of
+//! its own (discovery, and a fence's reinstating session).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use braid_iscsi::initiator::login::{Isid, Kind};
+use braid_iscsi::initiator::login::Kind;
 use braid_iscsi::initiator::sendtargets::{self, Discovered, SEND_TARGETS_ALL};
 use braid_iscsi::initiator::session::{Event, Session};
 use braid_iscsi::initiator::wire;
@@ -24,7 +22,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::open::SessionConfig;
 use crate::conn::{self, ConnectError, Local, Stream};
-use crate::discover::PathSpec;
 use crate::uri::Endpoint;
 
 /// How long a portal from a SendTargets answer has to accept a TCP
@@ -119,7 +116,8 @@ pub async fn send_targets(
     let endpoint = portal.to_string();
     let mut stream = conn::dial(&Endpoint::Tcp(portal), local, timeout).await?;
     let login = cfg.login(cfg.next_isid(), Kind::Discovery, rand::random());
-    let (logged_in, leftover) = super::login::login(&mut stream, login, &endpoint, timeout).await?;
+    let (logged_in, mut leftover) =
+        super::login::login(&mut stream, login, &endpoint, timeout).await?;
     let mut s = Session::new(&logged_in);
     let itt = s.text(Bytes::from_static(SEND_TARGETS_ALL));
     let p = logged_in.params;
@@ -132,7 +130,7 @@ pub async fn send_targets(
         exchange(
             &mut stream,
             &mut s,
-            leftover,
+            &mut leftover,
             digests,
             p.max_recv_data,
             |e| match e {
@@ -153,56 +151,12 @@ pub async fn send_targets(
     sendtargets::parse(&text).map_err(|e| ConnectError::Other(format!("{endpoint}: {e}")))
 }
 
-/// Ends the sessions named by `isids` (sessions of failed paths) by
-/// logging in with each ISID through `spec`, then logging out. The
-/// target ends a session whose ISID logs in again before the new login
-/// completes, so once this returns, nothing of the old sessions can run.
-///
-/// # Errors
-///
-/// A login failed: the fence is not confirmed.
-pub async fn fence(
-    spec: &PathSpec,
-    cfg: &SessionConfig,
-    isids: &[Isid],
-    timeout: Duration,
-) -> Result<(), ConnectError> {
-    let endpoint = spec.portal.to_string();
-    for isid in isids {
-        let mut stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
-        let kind = Kind::Normal {
-            target: cfg.target.clone(),
-        };
-        let login = cfg.login(*isid, kind, rand::random());
-        let (logged_in, _) = super::login::login(&mut stream, login, &endpoint, timeout).await?;
-        let mut s = Session::new(&logged_in);
-        let p = logged_in.params;
-        let digests = Digests {
-            header: p.header_digest,
-            data: p.data_digest,
-        };
-        let itt = s.logout();
-        let _ = tokio::time::timeout(
-            timeout,
-            exchange(
-                &mut stream,
-                &mut s,
-                BytesMut::new(),
-                digests,
-                p.max_recv_data,
-                |e| matches!(e, Event::Logout { itt: t, .. } if t == itt).then_some(()),
-            ),
-        )
-        .await;
-    }
-    Ok(())
-}
-
-/// Sends what `s` has queued and reads until `want` picks an event.
-async fn exchange<T>(
+/// Sends what `s` has queued and reads until `want` picks an event;
+/// what arrives past it stays in `buf`.
+pub(super) async fn exchange<T>(
     stream: &mut Box<dyn Stream>,
     s: &mut Session,
-    mut buf: BytesMut,
+    buf: &mut BytesMut,
     digests: Digests,
     max_recv: u32,
     want: impl Fn(Event) -> Option<T>,
@@ -211,7 +165,7 @@ async fn exchange<T>(
     framer.set(digests, max_recv as usize);
     loop {
         send_all(stream, s, digests).await?;
-        while let Some(pdu) = framer.next(&mut buf).map_err(|e| e.to_string())? {
+        while let Some(pdu) = framer.next(buf).map_err(|e| e.to_string())? {
             s.receive(pdu).map_err(|e| e.to_string())?;
             while let Some(e) = s.poll_event() {
                 if let Some(t) = want(e) {
@@ -220,7 +174,7 @@ async fn exchange<T>(
             }
         }
         send_all(stream, s, digests).await?;
-        if stream.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+        if stream.read_buf(buf).await.map_err(|e| e.to_string())? == 0 {
             return Err("the target closed the connection".into());
         }
     }

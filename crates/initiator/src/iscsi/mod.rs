@@ -8,12 +8,14 @@
 //!   and probes as NOP-Out pings;
 //! - `outcome`: what a command's status means for its chunk;
 //! - [`open`]: a path opened and its unit identified;
-//! - [`discover`]: SendTargets and portal probing, and fencing a failed
-//!   session by reinstating its ISID;
+//! - [`discover`]: SendTargets and portal probing;
+//! - [`fence`]: which fence a unit gets, and fencing a failed session by
+//!   reinstating its ISID (with tgt's LOGICAL UNIT RESET after it);
 //! - [`reserve`]: fencing by persistent reservations, when asked for.
 
 pub mod conn;
 pub mod discover;
+pub mod fence;
 pub mod login;
 pub mod open;
 mod outcome;

@@ -1,6 +1,7 @@
 //! What an engine chunk is in SCSI, and what a command's outcome means for
-//! it: done, failed with which error, sent again (after a unit attention
-//! or while the target is busy), or sent to another path (ALUA).
+//! it: done, failed with which error, sent again (after a unit attention,
+//! while the target is busy, or when a task management function of any
+//! session aborted it before it ran), or sent to another path (ALUA).
 
 use std::time::Duration;
 
@@ -91,6 +92,14 @@ pub(super) fn judge(p: &Pending, o: &Outcome) -> Next {
             status: status::BUSY | status::TASK_SET_FULL,
             ..
         } if p.attempts < BUSY_TRIES => Next::Again(BUSY_DELAY, None),
+        // Aborted by a task management function before it ran (tgt's
+        // LOGICAL UNIT RESET, sent by a fence of this very volume, answers
+        // the commands it finds queued so, whichever session sent them):
+        // nothing of it happened, so it goes again.
+        Outcome::Status {
+            status: status::TASK_ABORTED,
+            ..
+        } if p.attempts < BUSY_TRIES => Next::Again(Duration::ZERO, None),
         Outcome::Status { status: s, .. } => {
             Next::Fail(Errno::Io, format!("{name}: SCSI status {s:#04x}"))
         }
@@ -125,5 +134,52 @@ fn errno(s: &SenseData) -> Errno {
         (key::ILLEGAL_REQUEST, 0x20, _) => Errno::NotSup,
         (key::ILLEGAL_REQUEST, 0x21, _) => Errno::Inval,
         _ => Errno::Io,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use braid_proto::Cookie;
+
+    fn write(attempts: u32) -> Pending {
+        Pending {
+            cookie: Cookie(1),
+            base: 0,
+            cmd: Command {
+                lun: 0,
+                cdb: cdb::write16(0, 1, false),
+                read: 0,
+                write: Some(Bytes::from_static(&[0; 512])),
+            },
+            attempts,
+            data: Vec::new(),
+        }
+    }
+
+    fn status(s: u8) -> Outcome {
+        Outcome::Status {
+            status: s,
+            sense: None,
+            residual: 0,
+            data_in: 0,
+        }
+    }
+
+    #[test]
+    fn a_command_aborted_before_it_ran_goes_again_and_other_statuses_fail() {
+        assert_eq!(
+            judge(&write(0), &status(status::TASK_ABORTED)),
+            Next::Again(Duration::ZERO, None)
+        );
+        assert!(matches!(
+            judge(&write(BUSY_TRIES), &status(status::TASK_ABORTED)),
+            Next::Fail(Errno::Io, _)
+        ));
+        assert!(matches!(
+            judge(&write(0), &status(0x22)),
+            Next::Fail(Errno::Io, _)
+        ));
+        assert_eq!(judge(&write(0), &status(status::GOOD)), Next::Good);
     }
 }

@@ -4,19 +4,36 @@
 //! registrants", so a path that fails is fenced by PREEMPT AND ABORT from
 //! a fresh session: the target aborts the failed session's tasks and
 //! refuses its writes from then on, whichever port group it came through.
-//! Session reinstatement (the default fence) reaches only sessions the
-//! target ties to the ISID across its portals, which not every target
-//! does (LIO scopes sessions to a portal group).
+//! Session reinstatement reaches only sessions the target ties to the
+//! ISID across its portals, which not every target does (LIO scopes
+//! sessions to a portal group).
+//!
+//! A fence holds only where the target answered GOOD to a PREEMPT AND
+//! ABORT sent in the same attempt: that answer comes once the preempted
+//! tasks have ended. A key that is no longer registered proves nothing,
+//! as an earlier attempt's PREEMPT AND ABORT that went unanswered may
+//! have removed it while the tasks it aborts still run; [`fence`] says
+//! which keys it found gone, and the caller finds another barrier or
+//! leaves the fence unconfirmed. Every key is read, however many are
+//! registered (READ KEYS is asked again with room for all).
+//!
+//! At open ([`check_preempt`], [`remove_stale`]): a target without
+//! PREEMPT AND ABORT is refused, and keys an earlier volume of this
+//! initiator left behind (a process that died) are removed, told apart
+//! by READ FULL STATUS from other hosts' keys, which are never touched.
 
 use std::time::Duration;
 
 use braid_iscsi::initiator::cdb::{self, ReserveOut};
 use braid_iscsi::initiator::login::Isid;
+use braid_iscsi::initiator::reservation::{self, Registration};
+use braid_iscsi::initiator::sense::{key as sense_key, SenseData};
 use braid_iscsi::initiator::session::{Command, Outcome};
 use braid_iscsi::scsi::sense::status;
 use bytes::Bytes;
 
 use super::conn::Conn;
+use super::fence::PATIENCE;
 use super::open::{call_past_attentions, SessionConfig};
 use crate::conn::ConnectError;
 use crate::discover::PathSpec;
@@ -31,6 +48,33 @@ pub fn key(isid: Isid) -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// Why a PERSISTENT RESERVE command did not succeed.
+#[derive(Debug)]
+enum Refused {
+    Conflict,
+    Sense(SenseData),
+    Other(String),
+}
+
+impl Refused {
+    /// ILLEGAL REQUEST, INVALID COMMAND OPERATION CODE or INVALID FIELD
+    /// IN CDB: the target does not have the command or service action.
+    fn unsupported(&self) -> bool {
+        matches!(self, Refused::Sense(s) if s.key == sense_key::ILLEGAL_REQUEST
+            && matches!(s.asc, 0x20 | 0x24))
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Conflict => f.write_str("RESERVATION CONFLICT"),
+            Refused::Sense(s) => write!(f, "{s}"),
+            Refused::Other(s) => f.write_str(s),
+        }
+    }
+}
+
 /// Runs `cdb` (with `data` out, `read` bytes in) past unit attentions
 /// (a reservation change raises them on the other sessions); the
 /// attentions are not acted on here: the volume's sessions hear their
@@ -41,14 +85,16 @@ async fn run(
     data: Option<Vec<u8>>,
     read: u32,
     timeout: Duration,
-) -> Result<Bytes, String> {
+) -> Result<Bytes, Refused> {
     let cmd = Command {
         lun: conn.lun(),
         cdb,
         read,
         write: data.map(Bytes::from),
     };
-    let (a, _) = call_past_attentions(conn, cmd, timeout).await?;
+    let (a, _) = call_past_attentions(conn, cmd, timeout)
+        .await
+        .map_err(Refused::Other)?;
     match a.outcome {
         Outcome::Status {
             status: status::GOOD,
@@ -57,13 +103,13 @@ async fn run(
         Outcome::Status {
             status: status::RESERVATION_CONFLICT,
             ..
-        } => Err("RESERVATION CONFLICT".into()),
+        } => Err(Refused::Conflict),
         Outcome::Status {
             status: status::CHECK_CONDITION,
             sense: Some(s),
             ..
-        } => Err(s.to_string()),
-        o => Err(format!("{o:?}")),
+        } => Err(Refused::Sense(s)),
+        o => Err(Refused::Other(format!("{o:?}"))),
     }
 }
 
@@ -73,7 +119,7 @@ async fn out(
     key: u64,
     action_key: u64,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), Refused> {
     let (c, p) = cdb::persistent_reserve_out(action, key, action_key);
     run(conn, c, Some(p), 0, timeout).await.map(drop)
 }
@@ -121,77 +167,200 @@ pub async fn leave(conn: &Conn, timeout: Duration) -> Result<(), String> {
         timeout,
     )
     .await
+    .map_err(|e| e.to_string())
 }
 
-/// The keys registered for the unit (PERSISTENT RESERVE IN, READ KEYS).
+/// PERSISTENT RESERVE IN `action`, whole: asked again with room for the
+/// whole list when the first answer says it holds more.
+async fn read_in(conn: &Conn, action: u8, timeout: Duration) -> Result<Bytes, Refused> {
+    let mut room: u16 = 8 + 8 * 64;
+    loop {
+        let d = run(
+            conn,
+            cdb::persistent_reserve_in(action, room),
+            None,
+            u32::from(room),
+            timeout,
+        )
+        .await?;
+        match reservation::needed(&d) {
+            Some(n) if n > usize::from(room) && room < u16::MAX => {
+                room = u16::try_from(n).unwrap_or(u16::MAX);
+            }
+            _ => return Ok(d),
+        }
+    }
+}
+
+/// Every key registered for the unit (PERSISTENT RESERVE IN, READ KEYS).
 ///
 /// # Errors
 ///
-/// The command failed or its answer is short.
+/// The command failed, or its answer cannot be read whole (more keys
+/// than one answer can hold, 8190).
 pub async fn keys(conn: &Conn, timeout: Duration) -> Result<Vec<u64>, String> {
-    let len = 8 + 8 * 64;
-    let d = run(
-        conn,
-        cdb::persistent_reserve_in(0, len),
-        None,
-        u32::from(len),
-        timeout,
-    )
-    .await?;
-    if d.len() < 8 {
-        return Err(format!("READ KEYS answered {} bytes", d.len()));
+    let d = read_in(conn, 0, timeout)
+        .await
+        .map_err(|e| format!("READ KEYS: {e}"))?;
+    reservation::keys(&d).map_err(|e| e.to_string())
+}
+
+/// Every registration, with the initiator that made it (READ FULL
+/// STATUS); `None` where the target does not have it (tgt).
+///
+/// # Errors
+///
+/// The command failed otherwise, or its answer cannot be read.
+pub async fn registrations(
+    conn: &Conn,
+    timeout: Duration,
+) -> Result<Option<Vec<Registration>>, String> {
+    match read_in(conn, 3, timeout).await {
+        Ok(d) => reservation::full_status(&d)
+            .map(Some)
+            .map_err(|e| e.to_string()),
+        Err(e) if e.unsupported() => Ok(None),
+        Err(e) => Err(format!("READ FULL STATUS: {e}")),
     }
-    let listed = u32::from_be_bytes([d[4], d[5], d[6], d[7]]) as usize;
-    Ok(d[8..]
-        .chunks_exact(8)
-        .take(listed / 8)
-        .map(|k| u64::from_be_bytes(k.try_into().expect("8 bytes")))
-        .collect())
 }
 
 /// Preempts (and aborts) every key of `stale` still registered, from
-/// `conn`'s registered session.
+/// `conn`'s registered session, each PREEMPT AND ABORT awaited `answer`.
+/// Returns the keys of `stale` found already gone, which it cannot
+/// vouch for.
 ///
 /// # Errors
 ///
-/// A command failed.
-pub async fn preempt(conn: &Conn, stale: &[u64], timeout: Duration) -> Result<(), String> {
+/// A command failed or went unanswered: what it preempted is not known.
+pub async fn preempt(
+    conn: &Conn,
+    stale: &[u64],
+    timeout: Duration,
+    answer: Duration,
+) -> Result<Vec<u64>, String> {
     let mine = key(conn.logged_in.isid);
     let registered = keys(conn, timeout).await?;
+    let mut gone = Vec::new();
     for k in stale {
-        if *k != mine && registered.contains(k) {
-            out(conn, ReserveOut::PreemptAndAbort, mine, *k, timeout).await?;
+        if *k == mine {
+            continue;
         }
+        if !registered.contains(k) {
+            gone.push(*k);
+            continue;
+        }
+        out(conn, ReserveOut::PreemptAndAbort, mine, *k, answer)
+            .await
+            .map_err(|e| {
+                let what = format!("PREEMPT AND ABORT of key {k:#018x}: {e}");
+                if e.unsupported() {
+                    format!(
+                        "{what}: the target does not implement PREEMPT AND ABORT, so this \
+                         fence can never be confirmed (leave out --persistent-reservations)"
+                    )
+                } else {
+                    what
+                }
+            })?;
     }
-    Ok(())
+    Ok(gone)
 }
 
 /// Fences the sessions named by `isids` through `spec`: a fresh session
-/// joins, preempts and aborts each of their keys still registered, then
-/// leaves. Once this returns, none of their commands can still write.
+/// joins, preempts and aborts each of their keys still registered
+/// (waiting [`PATIENCE`] times `timeout` for each answer), then leaves.
+/// Once this returns, none of their commands can still write, except
+/// those of the sessions it returns: their keys were already gone, and
+/// whoever removed them may not have waited for their tasks.
 ///
 /// # Errors
 ///
-/// The session could not be opened, or a command failed: the fence is not
-/// confirmed.
+/// The session could not be opened, or a command failed or went
+/// unanswered: the fence is not confirmed.
 pub async fn fence(
     spec: &PathSpec,
     cfg: &SessionConfig,
     isids: &[Isid],
     timeout: Duration,
-) -> Result<(), ConnectError> {
+) -> Result<Vec<Isid>, ConnectError> {
     let o = super::open::open(spec, cfg, cfg.next_isid(), timeout).await?;
     let conn = &o.conn;
     let failed = |e: String| ConnectError::Other(format!("{}: fence: {e}", spec.portal));
     let stale: Vec<u64> = isids.iter().map(|i| key(*i)).collect();
     let r = async {
         join(conn, timeout).await?;
-        preempt(conn, &stale, timeout).await?;
-        leave(conn, timeout).await
+        let gone = preempt(conn, &stale, timeout, timeout * PATIENCE).await;
+        let left = leave(conn, timeout).await;
+        let gone = gone?;
+        left?;
+        Ok(gone)
     }
     .await;
     conn.logout(timeout).await;
-    r.map_err(failed)
+    let gone = r.map_err(failed)?;
+    Ok(isids
+        .iter()
+        .copied()
+        .filter(|i| gone.contains(&key(*i)))
+        .collect())
+}
+
+/// Whether the target has PREEMPT AND ABORT, asked of `conn`'s session
+/// before it registers: a PREEMPT AND ABORT from an unregistered I_T
+/// nexus is refused with RESERVATION CONFLICT by a target that has it
+/// (SPC-5 5.14.11.1), and changes nothing; one that lacks it says
+/// ILLEGAL REQUEST.
+///
+/// # Errors
+///
+/// The target lacks it: the answer, for the caller's message.
+pub async fn check_preempt(conn: &Conn, timeout: Duration) -> Result<(), String> {
+    let k = key(conn.logged_in.isid);
+    match out(conn, ReserveOut::PreemptAndAbort, k, k, timeout).await {
+        Err(e) if e.unsupported() => Err(e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the keys an earlier volume of `initiator` left registered:
+/// braid's keys ("br" and the ISID of the session that registered them)
+/// that READ FULL STATUS says this initiator name registered, from that
+/// very ISID. Another host's keys, and keys made by anything else, stay.
+/// Returns how many it removed, `None` where the target cannot say who
+/// registered a key (then none is removed).
+///
+/// Another braid process of this host on the same unit with
+/// `--persistent-reservations` at the same time cannot be told from one
+/// that died: its keys go too, and its next fence preempts nothing.
+///
+/// # Errors
+///
+/// A command failed.
+pub async fn remove_stale(
+    conn: &Conn,
+    initiator: &str,
+    timeout: Duration,
+) -> Result<Option<usize>, String> {
+    let Some(regs) = registrations(conn, timeout).await? else {
+        return Ok(None);
+    };
+    let initiator = initiator.to_lowercase();
+    let mine = key(conn.logged_in.isid);
+    let stale: Vec<u64> = regs
+        .iter()
+        .filter(|r| r.initiator.as_deref() == Some(initiator.as_str()))
+        .filter(|r| r.isid.is_some_and(|i| key(Isid(i)) == r.key) && r.key != mine)
+        .map(|r| r.key)
+        .collect();
+    if stale.is_empty() {
+        return Ok(Some(0));
+    }
+    join(conn, timeout).await?;
+    let gone = preempt(conn, &stale, timeout, timeout * PATIENCE).await;
+    let left = leave(conn, timeout).await;
+    let gone = gone?;
+    left?;
+    Ok(Some(stale.len() - gone.len()))
 }
 
 #[cfg(test)]
@@ -202,5 +371,15 @@ mod tests {
     fn a_key_names_its_session() {
         let k = key(Isid([0x80, 1, 2, 3, 4, 5]));
         assert_eq!(k.to_be_bytes(), [b'b', b'r', 0x80, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn only_a_missing_command_or_service_action_counts_as_unsupported() {
+        let sense = |key, asc| Refused::Sense(SenseData { key, asc, ascq: 0 });
+        assert!(sense(sense_key::ILLEGAL_REQUEST, 0x24).unsupported());
+        assert!(sense(sense_key::ILLEGAL_REQUEST, 0x20).unsupported());
+        assert!(!sense(sense_key::ILLEGAL_REQUEST, 0x26).unsupported());
+        assert!(!sense(sense_key::UNIT_ATTENTION, 0x24).unsupported());
+        assert!(!Refused::Conflict.unsupported());
     }
 }

@@ -93,7 +93,8 @@ pub struct VolumeConfig {
     /// iSCSI: CHAP credentials, and the target's for mutual CHAP.
     pub chap: Option<braid_iscsi::chap::Credentials>,
     /// iSCSI: fence failed paths by persistent reservation (see
-    /// [`crate::iscsi::reserve`]) instead of session reinstatement.
+    /// [`crate::iscsi::reserve`]) instead of the fence known for the
+    /// target, if any (see [`crate::iscsi::fence`]).
     pub persistent_reservations: bool,
 }
 
@@ -153,6 +154,13 @@ pub struct VolumeInfo {
     pub connections_per_path: usize,
     /// The target fences failed connections.
     pub fencing: bool,
+    /// How a failed path's writes are kept from landing after their
+    /// re-sent copies: `x-braid:fence` (braid serve over NBD), `none` (a
+    /// plain NBD server, or `--danger-no-fence`), or over iSCSI
+    /// `reinstatement`, `reinstatement+lu-reset` (tgt),
+    /// `persistent-reservation`, `held` (no fence known for the target:
+    /// the writes wait, then fail with EIO at the no-path timeout).
+    pub fence: &'static str,
     /// The target answers BLOCK_STATUS for `base:allocation`.
     pub block_status: bool,
     /// What the paths speak: `nbd` or `iscsi`.

@@ -254,6 +254,11 @@ pub(super) async fn nbd(
             paths: Vec::new(),
             connections_per_path,
             fencing: d.braid,
+            fence: if d.braid && !cfg.danger_no_fence {
+                "x-braid:fence"
+            } else {
+                "none"
+            },
             block_status: false,
             transport: "nbd",
         },

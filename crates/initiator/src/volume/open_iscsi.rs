@@ -1,10 +1,13 @@
 //! An iSCSI volume: the URI's portal is asked for every portal of the
 //! target (SendTargets), one session learns what the unit is, and every
 //! path is an iSCSI session checked to lead to the same unit (VPD 0x83
-//! identity and size). Fencing a failed path ends its session by logging
-//! in with its ISID, or (`--persistent-reservations`) preempts its key;
-//! a unit attention for a reset stands in for NBD's instance and triggers
-//! the replay; ALUA states (`alua.rs`) feed the engine.
+//! identity and size). How a failed path is fenced depends on the unit
+//! (see `iscsi::fence`): by logging in with its session's ISID (with
+//! tgt, then LOGICAL UNIT RESET, whose unit attention the volume's own
+//! sessions take as the fence's), or (`--persistent-reservations`) by
+//! preempting its key, or not at all (its writes are held). A unit
+//! attention for a reset stands in for NBD's instance and triggers the
+//! replay; ALUA states (`alua.rs`) feed the engine.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU16;
@@ -33,6 +36,7 @@ use super::{OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
 use crate::conn::ConnectError;
 use crate::discover::{self, PathSpec};
 use crate::engine::{Access, Instance, PathId};
+use crate::iscsi::fence::Fence;
 use crate::iscsi::{self, IscsiUri, Opened, SessionConfig};
 use crate::uri::Endpoint;
 
@@ -53,6 +57,13 @@ pub(crate) struct Expect {
     pub tags: Mutex<Vec<Option<u16>>>,
     /// Failed paths are fenced by persistent reservation.
     pub reservations: bool,
+    /// How failed paths are fenced (the reservation fence iff
+    /// `reservations`).
+    pub fence: Fence,
+    /// Sessions owed the unit attention of a LOGICAL UNIT RESET this
+    /// volume's own fence sent (tgt): the first reset each hears is that
+    /// one, which lost nothing, not a restart.
+    pub own_resets: Mutex<HashSet<Isid>>,
     /// The keys this volume's sessions registered and have not withdrawn
     /// or preempted: a path that failed without writes to fence leaves
     /// its key behind, and closing the volume preempts those.
@@ -182,7 +193,22 @@ pub(super) async fn open(
     )
     .await?;
     let described = describe(&o, cfg.connect_timeout).await;
+    let fence = Fence::choose(&o.inquiry, cfg.persistent_reservations, cfg.danger_no_fence);
+    let prepared = if cfg.persistent_reservations {
+        prepare_reservations(&o, &session, cfg.connect_timeout).await
+    } else {
+        Ok(())
+    };
     o.conn.logout(Duration::from_secs(1)).await;
+    prepared?;
+    if let Fence::Held { unit } = &fence {
+        warn!(
+            unit,
+            "no fence is known for this target: writes of a failed path will be held and fail \
+             with EIO at the no-path timeout (--persistent-reservations fences a target that \
+             has PREEMPT AND ABORT)"
+        );
+    }
     let (limits, caching) = described;
     let capacity = o.capacity.ok_or_else(|| {
         ConnectError::Other(format!(
@@ -231,6 +257,8 @@ pub(super) async fn open(
             watching: Mutex::new(HashSet::new()),
             tags: Mutex::new(vec![None; specs.len()]),
             reservations: cfg.persistent_reservations,
+            fence: fence.clone(),
+            own_resets: Mutex::new(HashSet::new()),
             keys: Keys::default(),
         })),
     };
@@ -252,11 +280,49 @@ pub(super) async fn open(
             paths: Vec::new(),
             connections_per_path: 1,
             fencing: !cfg.danger_no_fence,
+            fence: fence.name(),
             block_status: false,
             transport: "iscsi",
         },
     };
     start(plan, span).await
+}
+
+/// Before any path registers: a target without PREEMPT AND ABORT is
+/// refused (no fence could ever be confirmed), and keys an earlier volume
+/// of this initiator left are removed.
+async fn prepare_reservations(
+    o: &Opened,
+    session: &SessionConfig,
+    timeout: Duration,
+) -> Result<(), OpenError> {
+    if let Err(answer) = iscsi::reserve::check_preempt(&o.conn, timeout).await {
+        let without = Fence::choose(&o.inquiry, false, false);
+        let instead = match &without {
+            Fence::Held { .. } => String::new(),
+            f => format!(" (without it, braid fences this target by {})", f.name()),
+        };
+        return Err(OpenError::Usage(format!(
+            "the target ({} {}) does not implement PERSISTENT RESERVE OUT with PREEMPT AND \
+             ABORT (it answered {answer}), so --persistent-reservations could never confirm a \
+             fence there: leave out --persistent-reservations{instead}",
+            o.inquiry.vendor, o.inquiry.product
+        )));
+    }
+    match iscsi::reserve::remove_stale(&o.conn, &session.initiator, timeout).await {
+        Ok(Some(0)) => {}
+        Ok(Some(n)) => info!(
+            keys = n,
+            initiator = session.initiator,
+            "removed reservation keys an earlier volume of this initiator left registered"
+        ),
+        Ok(None) => warn!(
+            "the target has no READ FULL STATUS: keys an earlier volume of this initiator may \
+             have left stay registered (braid cannot tell them from other hosts' keys)"
+        ),
+        Err(e) => warn!("removing keys an earlier volume of this initiator left failed: {e}"),
+    }
+    Ok(())
 }
 
 /// Every reachable portal of the target, the URI's first; what discovery
@@ -404,7 +470,7 @@ pub(super) async fn leave_all(x: &Expect, conns: Vec<Arc<iscsi::Conn>>) {
     let mut stale = x.keys.close();
     stale.retain(|k| !live.contains(k));
     if let Some(first) = conns.first() {
-        if let Err(e) = iscsi::reserve::preempt(first, &stale, t).await {
+        if let Err(e) = iscsi::reserve::preempt(first, &stale, t, t).await {
             warn!("preempting the keys of failed sessions failed: {e}");
         }
     } else if !stale.is_empty() {
@@ -499,6 +565,40 @@ pub(super) fn adopt(shared: &Arc<Shared>, path: PathId, o: Opened, opening: bool
     }
 }
 
+/// Notes that every live session of the volume is owed the unit
+/// attention of the LOGICAL UNIT RESET its fence is about to send.
+pub(super) fn expect_own_reset(shared: &Arc<Shared>) {
+    let Transport::Iscsi(x) = &shared.settings.transport else {
+        return;
+    };
+    let core = shared.lock();
+    let live = core
+        .paths
+        .iter()
+        .flat_map(|p| &p.conns)
+        .filter_map(|c| match c {
+            Some(Link::Iscsi(c)) => Some(c.logged_in.isid),
+            _ => None,
+        });
+    lock(&x.own_resets).extend(live);
+}
+
+/// Whether the reset `path`'s session heard is the one this volume's
+/// fence sent (each session is owed one).
+fn own_reset(shared: &Shared, core: &super::core::Core, path: PathId) -> bool {
+    let Transport::Iscsi(x) = &shared.settings.transport else {
+        return false;
+    };
+    let Some(Some(Link::Iscsi(c))) = core.paths[path.0].conns.first() else {
+        return false;
+    };
+    let own = lock(&x.own_resets).remove(&c.logged_in.isid);
+    if own {
+        info!("the unit was reset by this volume's own fence (29h): nothing to replay");
+    }
+    own
+}
+
 impl iscsi::Replies for ConnSink {
     fn data(&self, cookie: Cookie, offset: u64, data: Bytes) {
         self.with_core(|_, core| place(core, cookie, Some(offset), data));
@@ -523,7 +623,11 @@ impl iscsi::Replies for ConnSink {
 
     fn attention(&self, attention: Attention) {
         // From the path's current session only.
-        if let Some(shared) = self.with_core(|shared, _| shared.clone()) {
+        let shared = self.with_core(|shared, core| {
+            let own = attention == Attention::Reset && own_reset(shared, core, self.path);
+            (!own).then(|| shared.clone())
+        });
+        if let Some(shared) = shared.flatten() {
             heard(&shared, self.path, attention);
         }
     }

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use braid_proto::braid_ns::{self, BraidContext, ConnId};
 use braid_proto::{ClientConfig, Finish};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::conn::{self, ConnectError};
 use crate::discover;
 use crate::engine::{FenceId, Instance, PathId};
+use crate::iscsi::fence::{reinstate, AfterPreempt, Fence};
 
 use super::core::{ConnSink, Shared};
 use super::link::Link;
@@ -179,10 +180,24 @@ fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
 /// path; the task runs in that path's span), over a fresh connection on
 /// any path, until it succeeds or the
 /// engine no longer wants `fence`. Each failure runs its own: a newer
-/// failure of the same path neither ends nor completes this one.
+/// failure of the same path neither ends nor completes this one. A unit
+/// no fence is known for is never asked: its writes wait for the no-path
+/// timeout.
 pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, conns: Vec<ConnId>) {
+    if let Transport::Iscsi(x) = &shared.settings.transport {
+        if let Fence::Held { unit } = &x.fence {
+            warn!(
+                fence = fence.0,
+                unit,
+                "no fence is known for this target: the failed path's writes are held, and \
+                 fail with EIO at the no-path timeout unless the path's target restarts"
+            );
+            return;
+        }
+    }
     let named: Vec<String> = conns.iter().map(ToString::to_string).collect();
     let mut delay = Duration::from_millis(50);
+    let mut told = false;
     loop {
         let candidates = {
             let core = shared.lock();
@@ -190,21 +205,22 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
                 return;
             }
             // Paths that work now first; the failed one last.
-            let mut v: Vec<(bool, discover::PathSpec)> = core
+            let mut v: Vec<(bool, bool, discover::PathSpec)> = core
                 .paths
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| fences_through(&shared.settings.transport, path, PathId(*i)))
-                .map(|(i, p)| {
+                .filter_map(|(i, p)| {
+                    let same = same_group_as(&shared.settings.transport, path, PathId(i));
+                    let through = same || !reinstates(&shared.settings.transport);
                     let usable = core.engine.path_usable(PathId(i));
-                    (usable, p.spec.clone())
+                    through.then(|| (usable, same, p.spec.clone()))
                 })
                 .collect();
-            v.sort_by_key(|(usable, _)| !usable);
+            v.sort_by_key(|(usable, ..)| !usable);
             v
         };
-        for (_, spec) in candidates {
-            match fence_via(&shared, &spec, &conns).await {
+        for (_, same, spec) in candidates {
+            match fence_via(&shared, &spec, &conns, same).await {
                 Ok(()) => {
                     info!(fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
@@ -212,7 +228,14 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
                     core.act(&shared);
                     return;
                 }
-                Err(e) => debug!(via = %spec, "fence attempt failed: {}", crate::conn::chain(&e)),
+                Err(Unproven::Held(why)) if !told => {
+                    told = true;
+                    warn!(fence = fence.0, via = %spec, "{why}");
+                }
+                Err(Unproven::Held(why)) => debug!(via = %spec, "{why}"),
+                Err(Unproven::Failed(e)) => {
+                    debug!(via = %spec, "fence attempt failed: {}", crate::conn::chain(&e));
+                }
             }
         }
         tokio::time::sleep(delay).await;
@@ -220,21 +243,41 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
     }
 }
 
-/// Whether a fence of `failed`'s connections may go through `via`'s
-/// portal. An iSCSI session is reinstated only by a login to a portal of
-/// its own portal group (RFC 7143: a session is its ISID and the group's
-/// tag; braid's target and LIO keep sessions per group), so a fence by
-/// reinstatement goes through portals with the failed path's tag, which
-/// may be its own portal alone: then its writes wait until that portal
-/// answers again. A persistent reservation fence, and NBD's, go through
-/// any path.
-fn fences_through(transport: &Transport, failed: PathId, via: PathId) -> bool {
+/// Why a fence attempt did not confirm the fence.
+enum Unproven {
+    /// It failed (no answer, a refusal): another attempt may succeed.
+    Failed(ConnectError),
+    /// It found nothing that proves the fence, and says until when the
+    /// writes stay held (the first such of a fence is a warning).
+    Held(String),
+}
+
+impl From<ConnectError> for Unproven {
+    fn from(e: ConnectError) -> Self {
+        Unproven::Failed(e)
+    }
+}
+
+/// Whether the volume's fence logs in with the failed session's ISID,
+/// which only a portal of that session's portal group takes.
+fn reinstates(transport: &Transport) -> bool {
+    matches!(transport, Transport::Iscsi(x) if x.fence.reinstates())
+}
+
+/// Whether `via`'s portal is in `failed`'s iSCSI portal group: a session
+/// is reinstated only by a login to a portal of its own group (RFC 7143:
+/// a session is its ISID and the group's tag; braid's target and LIO keep
+/// sessions per group), so a fence by reinstatement goes through portals
+/// with the failed path's tag, which may be its own portal alone: then
+/// its writes wait until that portal answers again. A persistent
+/// reservation fence, and NBD's, go through any path.
+fn same_group_as(transport: &Transport, failed: PathId, via: PathId) -> bool {
     match transport {
-        Transport::Iscsi(x) if !x.reservations => {
+        Transport::Iscsi(x) => {
             let tags = x.tags.lock().unwrap_or_else(|p| p.into_inner());
             same_group(&tags, failed.0, via.0)
         }
-        _ => true,
+        Transport::Nbd(_) => true,
     }
 }
 
@@ -249,18 +292,13 @@ async fn fence_via(
     shared: &Arc<Shared>,
     spec: &discover::PathSpec,
     conns: &[ConnId],
-) -> Result<(), ConnectError> {
+    same_group: bool,
+) -> Result<(), Unproven> {
     let timeout = shared.settings.connect_timeout;
     let expect = match &shared.settings.transport {
         Transport::Nbd(expect) => expect,
         Transport::Iscsi(x) => {
-            let isids: Vec<_> = conns.iter().map(|c| open_iscsi::isid_of(*c)).collect();
-            if x.reservations {
-                crate::iscsi::reserve::fence(spec, &x.session, &isids, timeout).await?;
-                open_iscsi::fenced(x, conns);
-                return Ok(());
-            }
-            return crate::iscsi::discover::fence(spec, &x.session, &isids, timeout).await;
+            return fence_iscsi(shared, x, spec, conns, same_group, timeout).await;
         }
     };
     let stream = conn::dial(&spec.portal, &spec.local, timeout).await?;
@@ -297,11 +335,60 @@ async fn fence_via(
     if braid_ns::confirms_fence(&n.outcome.listed, conns) {
         Ok(())
     } else {
-        Err(ConnectError::Other(format!(
+        Err(Unproven::Failed(ConnectError::Other(format!(
             "{}: the target did not confirm the fence",
             spec.portal
-        )))
+        ))))
     }
+}
+
+/// One attempt at an iSCSI fence through `spec`, as the unit's
+/// [`Fence`] says.
+async fn fence_iscsi(
+    shared: &Arc<Shared>,
+    x: &open_iscsi::Expect,
+    spec: &discover::PathSpec,
+    conns: &[ConnId],
+    same_group: bool,
+    timeout: Duration,
+) -> Result<(), Unproven> {
+    let isids: Vec<_> = conns.iter().map(|c| open_iscsi::isid_of(*c)).collect();
+    let cfg = &x.session;
+    match &x.fence {
+        Fence::Reinstatement => reinstate(spec, cfg, &isids, timeout, None).await?,
+        Fence::ReinstatementThenReset => {
+            let expect = || open_iscsi::expect_own_reset(shared);
+            reinstate(spec, cfg, &isids, timeout, Some(&expect)).await?;
+        }
+        Fence::Reservation { reinstate_gone } => {
+            let gone = crate::iscsi::reserve::fence(spec, cfg, &isids, timeout).await?;
+            match x.fence.after_preempt(gone.len(), same_group) {
+                AfterPreempt::Confirmed => {}
+                AfterPreempt::Reinstate => reinstate(spec, cfg, &gone, timeout, None).await?,
+                AfterPreempt::Held => {
+                    return Err(Unproven::Held(format!(
+                        "{}: fence: the reservation keys of {} failed session(s) were already \
+                         gone (an earlier PREEMPT AND ABORT may have gone unanswered), which \
+                         proves nothing about their writes: they stay held{}",
+                        spec.portal,
+                        gone.len(),
+                        if *reinstate_gone {
+                            " until a portal of the failed session's group answers (the \
+                             target's session reinstatement is the barrier), or the no-path \
+                             timeout"
+                        } else {
+                            ", and fail with EIO at the no-path timeout"
+                        }
+                    )));
+                }
+            }
+            open_iscsi::fenced(x, conns);
+        }
+        Fence::Held { .. } | Fence::Off => {
+            return Err(Unproven::Held("no fence is known for this target".into()))
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

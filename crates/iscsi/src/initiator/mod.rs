@@ -4,8 +4,9 @@
 //! immediate and unsolicited data and R2T answers, Data-In with status,
 //! NOP pings, task management, text requests, logout ([`session`]);
 //! SendTargets answers read ([`sendtargets`]); the CDBs braid sends
-//! ([`cdb`]); what a unit says about itself ([`mod@unit`]); sense data and
-//! what it asks of the initiator ([`sense`]).
+//! ([`cdb`]); what a unit says about itself ([`mod@unit`]) and about its
+//! persistent reservations ([`reservation`]); sense data and what it asks
+//! of the initiator ([`sense`]).
 //!
 //! Like the target's side, nothing here owns a socket, a task, a clock or
 //! a source of randomness: the driver in `braid-initiator` feeds PDUs in
@@ -13,6 +14,7 @@
 
 pub mod cdb;
 pub mod login;
+pub mod reservation;
 pub mod sendtargets;
 pub mod sense;
 pub mod session;

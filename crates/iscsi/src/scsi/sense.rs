@@ -10,6 +10,7 @@ pub mod status {
     pub const BUSY: u8 = 0x08;
     pub const RESERVATION_CONFLICT: u8 = 0x18;
     pub const TASK_SET_FULL: u8 = 0x28;
+    pub const TASK_ABORTED: u8 = 0x40;
 }
 
 /// Sense keys.
