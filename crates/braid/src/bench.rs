@@ -12,7 +12,7 @@ use braid_target::source::{format_size, parse_size};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::cli::{BenchArgs, UsageError};
+use crate::cli::{BenchArgs, UsageError, Workload};
 use crate::multipath;
 use crate::out::outln;
 use crate::pattern::Pattern;
@@ -20,39 +20,6 @@ use crate::side::concat;
 
 fn usage(msg: impl Into<String>) -> anyhow::Error {
     UsageError(msg.into()).into()
-}
-
-/// The workload kinds, as fio names them.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workload {
-    /// Sequential reads
-    Read,
-    /// Sequential writes
-    Write,
-    /// Random reads
-    #[value(name = "randread")]
-    RandRead,
-    /// Random writes
-    #[value(name = "randwrite")]
-    RandWrite,
-    /// Random reads and writes (--rwmixread of reads)
-    #[value(name = "randrw")]
-    RandRw,
-}
-
-impl Workload {
-    fn random(self) -> bool {
-        matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::RandRead => "randread",
-            Self::RandWrite => "randwrite",
-            Self::RandRw => "randrw",
-        }
-    }
 }
 
 /// A checked bench run.

@@ -245,25 +245,36 @@ impl std::fmt::Display for PolicyName {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use clap::ValueEnum;
+/// The workload kinds, as fio names them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// Sequential reads
+    Read,
+    /// Sequential writes
+    Write,
+    /// Random reads
+    #[value(name = "randread")]
+    RandRead,
+    /// Random writes
+    #[value(name = "randwrite")]
+    RandWrite,
+    /// Random reads and writes (--rwmixread of reads)
+    #[value(name = "randrw")]
+    RandRw,
+}
 
-    use super::PolicyName;
-
-    /// The flag lists exactly the policies the engine knows, by the same
-    /// names, default first.
-    #[test]
-    fn policy_values_are_the_policy_crates_names() {
-        let listed: Vec<String> = PolicyName::value_variants()
-            .iter()
-            .map(|p| {
-                let name = p.to_possible_value().unwrap().get_name().to_owned();
-                assert_eq!(name, p.as_str());
-                name
-            })
-            .collect();
-        assert_eq!(listed, braid_policy::NAMES);
+impl Workload {
+    pub fn random(self) -> bool {
+        matches!(self, Self::RandRead | Self::RandWrite | Self::RandRw)
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::RandRead => "randread",
+            Self::RandWrite => "randwrite",
+            Self::RandRw => "randrw",
+        }
     }
 }
 
@@ -528,7 +539,7 @@ pub struct BenchArgs {
     pub uri: String,
     /// Workload, as fio names it
     #[arg(long, value_enum, default_value = "read")]
-    pub rw: crate::bench::Workload,
+    pub rw: Workload,
     /// Request size
     #[arg(long, value_name = "SIZE", default_value = "1M")]
     pub bs: String,
@@ -815,4 +826,26 @@ pub struct DoctorArgs {
     pub no_probe: bool,
     #[command(flatten)]
     pub multipath: MultipathArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use super::PolicyName;
+
+    /// The flag lists exactly the policies the engine knows, by the same
+    /// names, default first.
+    #[test]
+    fn policy_values_are_the_policy_crates_names() {
+        let listed: Vec<String> = PolicyName::value_variants()
+            .iter()
+            .map(|p| {
+                let name = p.to_possible_value().unwrap().get_name().to_owned();
+                assert_eq!(name, p.as_str());
+                name
+            })
+            .collect();
+        assert_eq!(listed, braid_policy::NAMES);
+    }
 }

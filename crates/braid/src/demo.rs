@@ -16,7 +16,8 @@ use bytes::Bytes;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
-use crate::bench::{self, Plan, Workload};
+use crate::bench::{self, Plan};
+use crate::cli::Workload;
 use crate::cli::{DemoArgs, UsageError};
 use crate::multipath;
 use crate::out::outln;
