@@ -36,7 +36,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
     // A portal named without a port is on the protocol's own: 3260 for
     // iSCSI, 10809 for NBD.
     let port = if iscsi {
-        braid_initiator::iscsi::uri::DEFAULT_PORT
+        braid_initiator::iscsi::DEFAULT_PORT
     } else {
         braid_initiator::uri::DEFAULT_PORT
     };

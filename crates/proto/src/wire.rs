@@ -414,6 +414,35 @@ impl Errno {
         }
     }
 
+    /// The one place a neutral error kind becomes an NBD error value.
+    pub fn from_kind(kind: braid_block::ErrorKind) -> Self {
+        use braid_block::ErrorKind as K;
+        match kind {
+            K::NoSpace => Self::NoSpc,
+            K::ReadOnly => Self::Perm,
+            K::Invalid | K::OutOfRange => Self::Inval,
+            K::NotSupported => Self::NotSup,
+            K::ShuttingDown => Self::Shutdown,
+            K::NoMemory => Self::NoMem,
+            _ => Self::Io,
+        }
+    }
+
+    /// What an NBD error value means, in the words every part of braid
+    /// speaks.
+    pub fn kind(self) -> braid_block::ErrorKind {
+        use braid_block::ErrorKind as K;
+        match self {
+            Self::Perm => K::ReadOnly,
+            Self::NoMem => K::NoMemory,
+            Self::Inval | Self::Overflow | Self::Other(_) => K::Invalid,
+            Self::NoSpc => K::NoSpace,
+            Self::NotSup => K::NotSupported,
+            Self::Shutdown => K::ShuttingDown,
+            Self::Io => K::Io,
+        }
+    }
+
     /// The matching OS error number, for handing NBD errors to local callers.
     pub fn to_os(self) -> i32 {
         match self {
@@ -468,6 +497,24 @@ pub struct Cookie(pub u64);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neutral_error_kinds_and_nbd_errors_map_both_ways() {
+        use braid_block::ErrorKind as K;
+        for k in [
+            K::Io,
+            K::NoSpace,
+            K::ReadOnly,
+            K::Invalid,
+            K::NotSupported,
+            K::ShuttingDown,
+            K::NoMemory,
+        ] {
+            assert_eq!(Errno::from_kind(k).kind(), k, "{k}");
+        }
+        assert_eq!(Errno::from_kind(K::OutOfRange), Errno::Inval);
+        assert_eq!(Errno::Other(7).kind(), K::Invalid);
+    }
 
     #[test]
     fn codes_round_trip() {

@@ -7,7 +7,8 @@
 //! probes become NOP-Out pings, so a path's liveness is the session's,
 //! not one command's. READ data is held per command until its status is
 //! GOOD, so a command sent again (after a unit attention, say) never
-//! delivers data twice. What a status means is decided in `outcome.rs`.
+//! delivers data twice. What a status means is decided without I/O, in
+//! `braid_iscsi::initiator::verdict`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -27,7 +28,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::outcome::{self, Next};
+use braid_iscsi::initiator::verdict::{self, Next};
+
+use super::chunk;
 use crate::conn::{Stream, Wire};
 use crate::engine::SendChunk;
 
@@ -182,7 +185,7 @@ impl Conn {
             let itt = st.session.ping();
             st.waiters.insert(itt, Waiter::Ping(s.cookie));
         } else {
-            let Some(cmd) = outcome::command(s, payload, unit) else {
+            let Some(cmd) = chunk::command(s, payload, unit.lun, unit.block_size) else {
                 return false;
             };
             let itt = st.session.submit(cmd.clone());
@@ -440,7 +443,7 @@ impl Inner {
 
 /// What follows from a chunk's outcome.
 fn chunk_done(p: Pending, o: Outcome) -> Vec<Deferred> {
-    match outcome::judge(&p, &o) {
+    match verdict::judge(&p.cmd, p.attempts, &o) {
         Next::Good => {
             let mut out: Vec<Deferred> = p
                 .data
@@ -450,7 +453,10 @@ fn chunk_done(p: Pending, o: Outcome) -> Vec<Deferred> {
             out.push(Deferred::Done(p.cookie, None));
             out
         }
-        Next::Fail(errno, why) => vec![Deferred::Done(p.cookie, Some((errno, why)))],
+        Next::Fail(kind, why) => vec![Deferred::Done(
+            p.cookie,
+            Some((Errno::from_kind(kind), why)),
+        )],
         Next::Again(delay, attention) => {
             let mut out: Vec<Deferred> = attention.into_iter().map(Deferred::Attention).collect();
             out.push(Deferred::Again(p, delay));

@@ -65,7 +65,7 @@ pub async fn portals(
     let mut probes = tokio::task::JoinSet::new();
     for a in target.addresses {
         let text = a.to_string();
-        let port = a.port.unwrap_or(super::uri::DEFAULT_PORT);
+        let port = a.port.unwrap_or(super::DEFAULT_PORT);
         probes.spawn(async move {
             let addr = match tokio::net::lookup_host((a.host.as_str(), port)).await {
                 Ok(mut addrs) => addrs.next(),

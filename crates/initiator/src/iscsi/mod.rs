@@ -6,25 +6,25 @@
 //! - [`login`]: a login run over a stream;
 //! - [`conn`]: a session at work, carrying engine chunks as SCSI commands
 //!   and probes as NOP-Out pings;
-//! - `outcome`: what a command's status means for its chunk;
+//! - `chunk`: an engine chunk as a SCSI command (what its outcome means
+//!   is `braid_iscsi::initiator::verdict`);
 //! - [`open`]: a path opened and its unit identified;
 //! - [`discover`]: SendTargets and portal probing;
 //! - [`fence`]: which fence a unit gets, and fencing a failed session by
 //!   reinstating its ISID (with tgt's LOGICAL UNIT RESET after it);
 //! - [`reserve`]: fencing by persistent reservations, when asked for.
 
+mod chunk;
 pub mod conn;
 pub mod discover;
 pub mod fence;
 pub mod login;
 pub mod open;
-mod outcome;
 pub mod reserve;
-pub mod uri;
 
+pub use crate::uri::iscsi::{IscsiUri, DEFAULT_PORT};
 pub use conn::{Conn, Replies};
 pub use open::{Opened, SessionConfig};
-pub use uri::IscsiUri;
 
 /// The initiator name braid uses unless told another: the host's
 /// open-iscsi name if it has one (so existing ACLs admit braid too), else

@@ -19,6 +19,7 @@ pub mod sendtargets;
 pub mod sense;
 pub mod session;
 pub mod unit;
+pub mod verdict;
 pub mod wire;
 
 pub use login::{InitiatorLogin, Isid, Kind, LoggedIn, LoginConfig, LoginError, Step};

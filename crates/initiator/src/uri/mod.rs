@@ -1,6 +1,9 @@
 //! NBD URIs as users write them (the NBD URI convention libnbd and qemu
 //! use): `nbd://HOST[:PORT]/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`;
-//! and [`VolumeUri`], either an NBD or an iSCSI URI (`iscsi.rs`).
+//! and [`VolumeUri`], either an NBD or an iSCSI URI ([`iscsi`]); one
+//! percent-decoder for both.
+
+pub mod iscsi;
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -25,7 +28,7 @@ impl std::fmt::Display for Endpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum VolumeUri {
     Nbd(NbdUri),
-    Iscsi(crate::iscsi::IscsiUri),
+    Iscsi(iscsi::IscsiUri),
 }
 
 impl VolumeUri {
@@ -55,8 +58,8 @@ impl From<NbdUri> for VolumeUri {
     }
 }
 
-impl From<crate::iscsi::IscsiUri> for VolumeUri {
-    fn from(u: crate::iscsi::IscsiUri) -> Self {
+impl From<iscsi::IscsiUri> for VolumeUri {
+    fn from(u: iscsi::IscsiUri) -> Self {
         Self::Iscsi(u)
     }
 }
@@ -175,13 +178,19 @@ pub fn resolve_host_port(authority: &str, default_port: u16) -> Result<SocketAdd
         .ok_or_else(|| format!("{authority:?} has no address"))
 }
 
-fn percent_decode(s: &str) -> Option<String> {
+/// `%XX` escapes decoded, for every kind of URI braid reads; `None` for a
+/// malformed escape or bytes that are not UTF-8.
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
             let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            // from_str_radix takes a sign: "%+5" is no escape.
+            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
         } else {
@@ -240,7 +249,13 @@ mod tests {
 
     #[test]
     fn mistakes_say_what_to_write() {
-        for bad in ["127.0.0.1/vol", "http://x/y", "nbd:///vol", "nbd://h/%zz"] {
+        for bad in [
+            "127.0.0.1/vol",
+            "http://x/y",
+            "nbd:///vol",
+            "nbd://h/%zz",
+            "nbd://h/%+5",
+        ] {
             let e = bad.parse::<NbdUri>().unwrap_err();
             assert!(e.contains("nbd://HOST"), "{bad}: {e}");
         }

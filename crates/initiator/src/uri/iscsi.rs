@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use crate::uri::resolve_host_port;
+use super::{percent_decode, resolve_host_port};
 
 /// The port iSCSI targets listen on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 3260;
@@ -80,7 +80,7 @@ impl std::str::FromStr for IscsiUri {
             .ok()
             .filter(|l| *l < 16384)
             .ok_or_else(|| bad("the LUN is not a number from 0 to 16383"))?;
-        let target = decode(target).ok_or_else(|| bad("bad %-escape in the target"))?;
+        let target = percent_decode(target).ok_or_else(|| bad("bad %-escape in the target"))?;
         let portal = resolve_host_port(authority, DEFAULT_PORT).map_err(|e| bad(&e))?;
         let (user, password) = match userinfo {
             None => (None, None),
@@ -93,9 +93,11 @@ impl std::str::FromStr for IscsiUri {
                     return Err(bad("an empty user name"));
                 }
                 (
-                    Some(decode(user).ok_or_else(|| bad("bad %-escape in the user"))?),
-                    pw.map(|p| decode(p).ok_or_else(|| bad("bad %-escape in the password")))
-                        .transpose()?,
+                    Some(percent_decode(user).ok_or_else(|| bad("bad %-escape in the user"))?),
+                    pw.map(|p| {
+                        percent_decode(p).ok_or_else(|| bad("bad %-escape in the password"))
+                    })
+                    .transpose()?,
                 )
             }
         };
@@ -109,7 +111,7 @@ impl std::str::FromStr for IscsiUri {
             let (k, v) = kv
                 .split_once('=')
                 .ok_or_else(|| bad("a query item without ="))?;
-            let v = decode(v).ok_or_else(|| bad("bad %-escape in the query"))?;
+            let v = percent_decode(v).ok_or_else(|| bad("bad %-escape in the query"))?;
             match k {
                 "target_user" => target_user = Some(v),
                 "target_password" => target_password = Some(v),
@@ -146,26 +148,6 @@ fn redact(s: &str) -> String {
         Some((head, _)) => format!("{head}?***"),
         None => s,
     }
-}
-
-fn decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
