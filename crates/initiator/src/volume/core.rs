@@ -15,9 +15,8 @@ use tracing::Instrument;
 use super::link::Link;
 use crate::conn::Sink;
 use crate::discover::PathSpec;
-use crate::engine::{Action, ChunkInfo, Engine, IoError, Op, PathId, ReqId};
-
-use super::recover;
+use crate::engine::{Action, ChunkInfo, Engine, FenceId, IoError, Op, PathId, ReqId};
+use braid_proto::braid_ns::ConnId;
 
 /// What a completed request hands back.
 #[derive(Debug, Default)]
@@ -67,9 +66,23 @@ pub(crate) struct Core {
     pub timeline: super::timeline::Timeline,
 }
 
+/// A background task of the volume, started by the core.
+pub(crate) type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// The tasks that bring a path back, which the core starts when the
+/// engine asks: given by whoever opens the volume (`recover.rs`'s), so
+/// that the core, which those tasks drive, does not depend on them.
+pub(crate) struct Tasks {
+    /// Fence the named connections of a failed path.
+    pub fence: fn(Arc<Shared>, PathId, FenceId, Vec<ConnId>) -> Task,
+    /// Reconnect a path after a delay.
+    pub reconnect: fn(Arc<Shared>, PathId, Duration) -> Task,
+}
+
 /// Everything the volume's tasks share.
 pub(crate) struct Shared {
     pub core: Mutex<Core>,
+    pub tasks: Tasks,
     pub epoch: Instant,
     pub settings: super::Settings,
     /// The volume was closed: background tasks stop.
@@ -128,7 +141,7 @@ impl Core {
                 Action::Fence { path, fence, conns } if !shared.closed() => {
                     let span = self.paths[path.0].span.clone();
                     tokio::spawn(
-                        recover::fence(shared.clone(), path, fence, conns).instrument(span),
+                        (shared.tasks.fence)(shared.clone(), path, fence, conns).instrument(span),
                     );
                 }
                 Action::Fence { .. } => {}
@@ -138,7 +151,7 @@ impl Core {
                         p.reconnecting = true;
                         let span = p.span.clone();
                         tokio::spawn(
-                            recover::reconnect(shared.clone(), path, after).instrument(span),
+                            (shared.tasks.reconnect)(shared.clone(), path, after).instrument(span),
                         );
                     }
                 }

@@ -5,17 +5,27 @@
 //! path with the identity checked on each connection. From then on each
 //! call is submitted to the engine, whose actions the driver carries out;
 //! failed paths are fenced and reconnected in the background.
+//!
+//! The modules, each using only those before it: `link`, `keys` and
+//! `timeline`, `report` (leaves); `core` (the engine and the one place its actions
+//! are carried out; it starts the recovery tasks through `core::Tasks`,
+//! not by name); `alua`; `iscsi_path` (one iSCSI path: dial, adopt, its
+//! replies and fence details); `recover` (reconnecting and fencing);
+//! `open` and `open_iscsi` (opening a volume, which hands `recover`'s
+//! tasks to the core). `tests/module_graph.rs` keeps it so.
 
 mod admin;
 mod alua;
 mod core;
 mod events;
+mod iscsi_path;
 mod keys;
 mod link;
 mod open;
 mod open_iscsi;
 mod plan;
 mod recover;
+mod report;
 mod timeline;
 
 use std::net::SocketAddr;
@@ -31,7 +41,7 @@ use tracing::Instrument;
 
 use crate::conn::ConnectError;
 use crate::discover::{Expect, LocalSpec};
-use crate::engine::{EngineConfig, IoError, Op, PathId, PathReport};
+use crate::engine::{EngineConfig, IoError, Op, PathId};
 use crate::pathrule::PathRule;
 use crate::uri::VolumeUri;
 
@@ -39,6 +49,7 @@ pub use self::admin::PolicyError;
 pub use self::core::Done;
 use self::core::Shared;
 pub use self::plan::{plan, Plan};
+pub use self::report::{Loss, PathFigures, ReplayReport, VolumeReport};
 pub use self::timeline::{EventKind, Timeline, TimelineEvent};
 
 /// How to open a volume.
@@ -180,63 +191,7 @@ pub(crate) struct Settings {
 /// What a path's connections must agree on, per transport.
 pub(crate) enum Transport {
     Nbd(Expect),
-    Iscsi(Box<open_iscsi::Expect>),
-}
-
-/// One path's figures with its name.
-#[derive(Clone, Debug)]
-pub struct PathFigures {
-    /// 1-based, as users count paths.
-    pub index: usize,
-    pub local: String,
-    pub portal: String,
-    pub figures: PathReport,
-}
-
-/// The replay window's state and the loss state (see the engine's
-/// `restart.rs`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// The target says which process answers (`x-braid:instance`, braid's
-    /// VPD page) or tells new sessions of a power on, so a restart is seen
-    /// and replayed; a plain NBD server does neither.
-    pub available: bool,
-    /// Bytes acknowledged since the last FLUSH and kept for replay.
-    pub window_bytes: u64,
-    /// Memory they hold (the buffers they keep alive), and its bound.
-    pub window_pinned: u64,
-    pub window_limit: u64,
-    /// Acknowledged writes were let go to stay within the bound and no
-    /// FLUSH has covered them yet.
-    pub overflowed: bool,
-    /// Restarts of the target seen, each replayed.
-    pub replays: u64,
-    /// A replay is under way: new requests wait for it.
-    pub replaying: bool,
-    /// The last replay's bytes and how long it took.
-    pub last_replay: Option<(u64, Duration)>,
-    /// Acknowledged writes may be gone: every FLUSH and FUA write fails.
-    pub lost: Option<Loss>,
-    /// FLUSHes and FUA writes failed because of a loss.
-    pub lost_flushes: u64,
-}
-
-/// A loss of acknowledged writes: when it was found, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Loss {
-    pub since: std::time::SystemTime,
-    pub cause: String,
-}
-
-/// A snapshot of the volume's figures.
-#[derive(Clone, Debug)]
-pub struct VolumeReport {
-    pub policy: String,
-    pub paths: Vec<PathFigures>,
-    pub counters: crate::engine::VolumeCounters,
-    pub replay: ReplayReport,
-    /// Time since the volume was opened.
-    pub uptime: Duration,
+    Iscsi(Box<iscsi_path::Expect>),
 }
 
 /// How often the engine's clock advances (timeouts, probes, deadlines).
@@ -519,7 +474,7 @@ impl Volume {
                         _ => None,
                     })
                     .collect();
-                open_iscsi::leave_all(x, conns).await;
+                iscsi_path::leave_all(x, conns).await;
             }
         }
         futures_join(handles.into_iter().map(|h| h.close(Duration::from_secs(2)))).await;

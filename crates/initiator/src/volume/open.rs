@@ -9,7 +9,7 @@ use braid_policy::{by_name, Policy, SplitRules};
 use tracing::{info, warn, Instrument};
 
 use super::admin::path_configs;
-use super::core::{Core, PathIo, Shared};
+use super::core::{Core, PathIo, Shared, Tasks};
 use super::{recover, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
 use crate::conn::ConnectError;
 use crate::discover::{Expect, PathSpec};
@@ -100,6 +100,12 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
         });
     }
     let shared = std::sync::Arc::new(Shared {
+        tasks: Tasks {
+            fence: |shared, path, fence, conns| {
+                Box::pin(recover::fence(shared, path, fence, conns))
+            },
+            reconnect: |shared, path, after| Box::pin(recover::reconnect(shared, path, after)),
+        },
         core: std::sync::Mutex::new(Core {
             engine,
             reqs: Default::default(),

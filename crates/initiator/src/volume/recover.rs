@@ -16,7 +16,7 @@ use crate::iscsi::fence::{reinstate, AfterPreempt, Fence};
 
 use super::core::{ConnSink, Shared};
 use super::link::Link;
-use super::{open_iscsi, Transport};
+use super::{iscsi_path, Transport};
 
 /// A reconnect dial gives up on a silent portal after this long: past
 /// TCP's first SYN retransmission at 1 s, so that a SYN lost just before a
@@ -113,7 +113,7 @@ async fn dial(
     let expect = match &settings.transport {
         Transport::Nbd(expect) => expect,
         Transport::Iscsi(x) => {
-            return open_iscsi::dial(x, spec, timeout)
+            return iscsi_path::dial(x, spec, timeout)
                 .await
                 .map(|o| Dialed::Iscsi(Box::new(o)))
         }
@@ -134,7 +134,7 @@ async fn dial(
 fn adopt(shared: &Arc<Shared>, path: PathId, dialed: Dialed, opening: bool) {
     let conns = match dialed {
         Dialed::Nbd(conns) => conns,
-        Dialed::Iscsi(o) => return open_iscsi::adopt(shared, path, *o, opening),
+        Dialed::Iscsi(o) => return iscsi_path::adopt(shared, path, *o, opening),
     };
     let settings = &shared.settings;
     let mut core = shared.lock();
@@ -346,18 +346,18 @@ async fn fence_via(
 /// [`Fence`] says.
 async fn fence_iscsi(
     shared: &Arc<Shared>,
-    x: &open_iscsi::Expect,
+    x: &iscsi_path::Expect,
     spec: &discover::PathSpec,
     conns: &[ConnId],
     same_group: bool,
     timeout: Duration,
 ) -> Result<(), Unproven> {
-    let isids: Vec<_> = conns.iter().map(|c| open_iscsi::isid_of(*c)).collect();
+    let isids: Vec<_> = conns.iter().map(|c| iscsi_path::isid_of(*c)).collect();
     let cfg = &x.session;
     match &x.fence {
         Fence::Reinstatement => reinstate(spec, cfg, &isids, timeout, None).await?,
         Fence::ReinstatementThenReset => {
-            let expect = || open_iscsi::expect_own_reset(shared);
+            let expect = || iscsi_path::expect_own_reset(shared);
             reinstate(spec, cfg, &isids, timeout, Some(&expect)).await?;
         }
         Fence::Reservation { reinstate_gone } => {
@@ -382,7 +382,7 @@ async fn fence_iscsi(
                     )));
                 }
             }
-            open_iscsi::fenced(x, conns);
+            iscsi_path::fenced(x, conns);
         }
         Fence::Held { .. } | Fence::Off => {
             return Err(Unproven::Held("no fence is known for this target".into()))
