@@ -4,7 +4,10 @@
 //! path maintenance under load cost no error; `braid status --json` and the
 //! metrics add up to the traffic actually sent.
 
+mod common;
 mod labkit;
+
+use braid_test_needs::needs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -217,19 +220,7 @@ fn read_tree(root: &Path, names: &BTreeMap<String, String>) -> BTreeMap<String, 
         .collect()
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
     if !braid_lab::require_or_skip("filesystem_on_a_multipath_volume")
         || !["nbdfuse", "losetup", "mkfs.ext4", "fusermount3"]
@@ -292,19 +283,8 @@ fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
     assert_eq!(again, sums, "files differ after detach and re-attach");
 }
 
-#[cfg_attr(
-    braid_skip = "qemu-img",
-    ignore = "needs qemu-img: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "fio",
-    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("qemu-img", "fio")]
 fn qemu_img_and_fio_work_through_the_attach_socket() {
-    if !tool("qemu-img") || !tool("fio") {
-        return;
-    }
     let serve = serve_loopback("vol=mem:128MiB");
     let attach = Attach::start(None, &serve.uri, "vol", &[]);
     let dir = tempfile::tempdir().unwrap();
@@ -445,15 +425,8 @@ fn scrape(addr: &str) -> String {
     out
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy")]
 fn status_and_metrics_add_up_to_the_traffic_sent() {
-    if !tool("nbdcopy") {
-        return;
-    }
     let serve = serve_loopback("vol=mem:64MiB");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -6,12 +6,14 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{cmd, nbdsh, signal, tool, ChildGuard, Serve};
+use common::{cmd, nbdsh, signal, ChildGuard, Serve};
 use labkit::braid_bin;
 
 /// An attach configuration naming `volumes` of `serve`, each on its own
@@ -70,15 +72,8 @@ fn uri(dir: &Path, volume: &str) -> String {
     )
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn a_reload_attaches_and_detaches_one_volume_and_leaves_the_other_alone() {
-    if !tool("nbdsh") {
-        return;
-    }
     let serve = Serve::start(&["a=mem:8MiB", "b=mem:8MiB"]);
     let dir = tempfile::tempdir().expect("temporary dir");
     let config = dir.path().join("attach.toml");

@@ -14,6 +14,8 @@
 mod cephkit;
 mod common;
 
+use braid_test_needs::needs;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -22,11 +24,7 @@ use common::{cmd, output, random_file, run, sha256, sha256_bytes, signal, ChildG
 
 const MIB: usize = 1 << 20;
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn nbdcopy_in_and_out_match_by_sha256_and_by_rbd_export() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdcopy") {
@@ -47,15 +45,7 @@ fn nbdcopy_in_and_out_match_by_sha256_and_by_rbd_export() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "fio",
-    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "fio")]
 fn fio_over_nbd_verifies_crc32c() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("fio") {
@@ -66,15 +56,7 @@ fn fio_over_nbd_verifies_crc32c() {
     cephkit::fio_verify(&gw.uri("vol"), "4k");
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdsh")]
 fn small_zeroed_ranges_read_back_as_zeroes_and_block_status_sees_holes() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") || !common::tool("nbdinfo") {
@@ -175,15 +157,7 @@ fn acknowledged_write_to_survives_sigkill(
     data[..MIB].iter().all(|&b| b == 0x40 + trial)
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdsh")]
 fn an_acknowledged_write_is_in_the_cluster_when_its_gateway_is_killed() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") {
@@ -214,15 +188,7 @@ fn an_acknowledged_write_is_in_the_cluster_when_its_gateway_is_killed() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdsh")]
 fn a_cache_turned_on_by_the_pool_or_the_image_is_refused_with_the_command_that_fixes_it() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") {
@@ -290,11 +256,7 @@ fn a_cache_turned_on_by_the_pool_or_the_image_is_refused_with_the_command_that_f
     );
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn an_image_with_exclusive_lock_is_refused_writable_with_the_command_that_fixes_it() {
     let Some(c) = cephkit::ceph() else { return };
     // The cluster's default features: layering, exclusive-lock,
@@ -334,15 +296,7 @@ fn an_image_with_exclusive_lock_is_refused_writable_with_the_command_that_fixes_
     assert!(img.export()[..4096].iter().all(|&b| b == b'x'));
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdsh")]
 fn a_snapshot_is_served_read_only_as_it_was_taken() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdsh") {

@@ -16,6 +16,8 @@ mod cephkit;
 mod common;
 mod failkit;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -109,15 +111,7 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
     (version, a.log(), b.log())
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdinfo")]
 fn a_stalled_gateways_held_write_does_not_land_after_the_client_failed_over() {
     let Some(c) = cephkit::ceph() else { return };
     let (version, a, b) = stalled_gateway(c, &[]);
@@ -129,15 +123,7 @@ fn a_stalled_gateways_held_write_does_not_land_after_the_client_failed_over() {
     assert!(b.contains("lost its right to write"), "B:\n{b}");
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdinfo")]
 fn without_the_blocklist_the_stalled_gateways_held_write_lands() {
     let Some(c) = cephkit::ceph() else { return };
     // What the blocklist prevents: proof that the test above can fail.
@@ -146,11 +132,7 @@ fn without_the_blocklist_the_stalled_gateways_held_write_lands() {
     assert_eq!(version, 2, "the stale write should land\nA:\n{a}\nB:\n{b}");
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn a_user_that_may_not_blocklist_serves_an_image_alone() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("nocap", "16M", Some("layering"));
@@ -217,15 +199,7 @@ fn a_user_that_may_not_blocklist_serves_an_image_alone() {
     assert!(img.gateways().is_empty(), "clean stops leave no record");
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdinfo")]
 fn a_stopping_gateway_keeps_its_record_while_a_write_of_it_is_in_flight() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("stop", "16M", Some("layering"));
@@ -302,11 +276,7 @@ fn a_stopping_gateway_keeps_its_record_while_a_write_of_it_is_in_flight() {
     assert!(!b_has_record(&img), "B's record went once its write ended");
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn of_two_gateways_that_must_serve_alone_joining_at_once_one_serves() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("alone2", "16M", Some("layering"));

@@ -15,6 +15,8 @@ mod common;
 mod failkit;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -65,11 +67,7 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("nbdinfo") {
@@ -149,15 +147,7 @@ fn one_uri_finds_every_gateway_and_a_copy_through_it_uses_all_three() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "fio",
-    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "fio")]
 fn fio_through_braid_attach_over_two_gateways_verifies_crc32c() {
     let Some(c) = cephkit::ceph() else { return };
     if !common::tool("fio") {
@@ -182,11 +172,7 @@ fn fio_through_braid_attach_over_two_gateways_verifies_crc32c() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("kill", "32M", Some("layering"));
@@ -276,11 +262,7 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
     drop(b);
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn a_dead_gateways_record_expires_and_is_removed() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("expire", "16M", Some("layering"));
@@ -306,11 +288,7 @@ fn a_dead_gateways_record_expires_and_is_removed() {
     assert!(!listed(&a, "portal").contains(&b.addr().to_string()));
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[test]
+#[needs("ceph-mon")]
 fn a_clone_or_copy_of_a_served_image_never_fences_the_originals_gateway() {
     let Some(c) = cephkit::ceph() else { return };
     let parent = c.image("parent", "16M", Some("layering"));

@@ -20,6 +20,8 @@
 mod cephkit;
 mod common;
 
+use braid_test_needs::needs;
+
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -74,15 +76,7 @@ fn address(c_gw: &Serve, img: &cephkit::Image) -> String {
         .to_owned()
 }
 
-#[cfg_attr(
-    braid_skip = "ceph-mon",
-    ignore = "needs ceph-mon, ceph-osd and ceph-common: scripts/test-all installs them"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("ceph-mon", "nbdsh")]
 fn a_gateway_that_joins_during_a_fence_serves_nothing_the_stale_gateway_can_overwrite() {
     let Some(c) = cephkit::ceph_lagging() else {
         return;

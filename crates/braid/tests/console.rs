@@ -9,11 +9,13 @@ mod browserkit;
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use browserkit::{raw, screenshot_dir, Browser, StopOnDrop};
-use common::{cmd, free_port, random_file, tool, wait_until, Serve};
+use common::{cmd, free_port, random_file, wait_until, Serve};
 use labkit::Attach;
 
 const TOKEN: &str = "c0ns0le-t0ken-0123456789";
@@ -55,23 +57,8 @@ fn notice(b: &Browser) -> String {
 
 const LIVE: &str = "return document.getElementById('live').textContent === 'live';";
 
-#[cfg_attr(
-    braid_skip = "chromium",
-    ignore = "needs chromium: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "chromedriver",
-    ignore = "needs chromedriver: install chromium-driver (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("chromium", "chromedriver", "nbdcopy")]
 fn actions_need_the_token_in_a_header_from_the_same_origin() {
-    if !tool("chromium") || !tool("chromedriver") || !tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
@@ -297,15 +284,8 @@ fn load(attach: &Attach, stop: &AtomicBool) {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "python3",
-    ignore = "needs python3: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("python3")]
 fn the_console_is_https_when_serve_has_a_certificate() {
-    if !tool("python3") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     common::run(
         cmd(env!("CARGO_BIN_EXE_braid"))

@@ -7,9 +7,11 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 
-use common::{cmd, random_bytes, run, tool, Serve};
+use common::{cmd, random_bytes, run, Serve};
 use labkit::{braid_bin, ctl, Attach};
 
 /// The ids of the connections `braid serve` has open for `export`.
@@ -68,19 +70,8 @@ fn io_carries_on(attach: &Attach, seed: u64) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh", "nbdcopy")]
 fn only_the_owner_of_a_connection_can_fence_it() {
-    if !tool("nbdsh") || !tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("serve.sock");
     let serve = Serve::start(&[
@@ -150,19 +141,8 @@ fn token(fill: char) -> Vec<String> {
 /// LUN, a setup README no longer describes) are where that bites: a
 /// client fails over to the second head, which confirmed the first
 /// head's connections as fenced while their writes were still running.
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh", "nbdcopy")]
 fn a_fence_of_connections_this_server_never_issued_is_refused() {
-    if !tool("nbdsh") || !tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let control = dir.path().join("a.sock");
     let one_id = "vol=4a0c5e2e-6f0b-4d53-a0d4-1c2b3d4e5f60";
@@ -207,19 +187,8 @@ fn a_fence_of_connections_this_server_never_issued_is_refused() {
 /// had in flight, so a fence of them is confirmed (an initiator whose
 /// path failed with the server fences before it re-sends). With another
 /// state directory it cannot tell them from another server's.
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh", "nbdcopy")]
 fn a_restarted_server_confirms_fences_of_its_earlier_process() {
-    if !tool("nbdsh") || !tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let control = dir.path().join("serve.sock");

@@ -8,10 +8,12 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 use std::process::Command;
 
-use common::{need_root, output, refused, Serve};
+use common::{output, refused, Serve};
 
 /// The identity `braid serve` gives `file` with state in `state`.
 fn identity_of(state: &Path, file: &Path) -> String {
@@ -91,15 +93,8 @@ impl Drop for Ramfs {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn without_extended_attributes_the_identity_follows_the_inode() {
-    if !need_root() {
-        return;
-    }
     let mnt = Ramfs(tempfile::tempdir().unwrap());
     let ok = Command::new("mount")
         .args(["-t", "ramfs", "ramfs"])

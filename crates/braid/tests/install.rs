@@ -6,12 +6,14 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{cmd, output, tool, ChildGuard, Serve};
+use common::{cmd, output, ChildGuard, Serve};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -35,15 +37,8 @@ fn install_into(dir: &Path) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "man",
-    ignore = "needs man: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("man")]
 fn install_step_gives_man_pages_completions_units_and_config() {
-    if !tool("man") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     install_into(dir.path());
     let root = dir.path();
@@ -94,23 +89,8 @@ fn install_step_gives_man_pages_completions_units_and_config() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "systemd-analyze",
-    ignore = "needs systemd-analyze: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "man",
-    ignore = "needs man: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbd-client",
-    ignore = "needs nbd-client: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("systemd-analyze", "man", "nbd-client")]
 fn every_contrib_unit_passes_systemd_analyze_verify() {
-    if !tool("systemd-analyze") || !tool("man") || !tool("nbd-client") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     install_into(dir.path());
     let units = dir.path().join("etc/systemd/system");

@@ -8,12 +8,14 @@
 mod common;
 mod iscsikit;
 
+use braid_test_needs::needs;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cmd, free_port, output, tool, Serve};
+use common::{cmd, free_port, output, Serve};
 use iscsikit::inproc::InProcess;
 use iscsikit::{Initiator, CHECK_CONDITION};
 
@@ -39,15 +41,8 @@ fn nbd_write(addr: std::net::SocketAddr, fill: u8, offset: u64) -> std::process:
     )
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn an_nbd_write_waits_while_a_compare_and_write_holds_its_block() {
-    if !tool("nbdsh") {
-        return;
-    }
     let srv = InProcess::start(&["127.0.0.1"]);
     let mut i = Initiator::login(srv.portals[0], TARGET);
     i.write10(0, &[b'A'; 512]);
@@ -151,15 +146,8 @@ fn caw_loop(addr: std::net::SocketAddr, session: u64, stop: &AtomicBool) -> Vec<
     done
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn compare_and_writes_from_two_portals_and_nbd_writes_of_one_block_stay_atomic() {
-    if !tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = common::sparse_file(dir.path(), "disk.img", 1 << 20);
     let port = free_port();

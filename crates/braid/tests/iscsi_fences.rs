@@ -17,11 +17,13 @@ mod fencekit;
 mod relaykit;
 mod tgtkit;
 
+use braid_test_needs::needs;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use braid_initiator::{Volume, VolumeConfig};
-use common::{free_port, need_root, tool};
+use common::free_port;
 use fencekit::{rt, Outcome};
 use relaykit::Relay;
 use tgtkit::Tgt;
@@ -99,19 +101,8 @@ fn held_write(params: Option<&str>, no_path: Option<Duration>) -> (Outcome, u64,
     seen
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket, FUSE mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn tgt_a_write_held_in_the_backing_store_never_lands_after_its_resent_copy() {
-    if !need_root() || !tool("tgtd") {
-        return;
-    }
     let (out, restarts, fence) = held_write(None, None);
     out.assert_fenced("the failed path's write landed after its re-sent copy and v2");
     assert_eq!(fence, "reinstatement+lu-reset");
@@ -121,19 +112,8 @@ fn tgt_a_write_held_in_the_backing_store_never_lands_after_its_resent_copy() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket, FUSE mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn a_unit_braid_knows_no_fence_for_holds_a_failed_paths_writes_until_the_no_path_timeout() {
-    if !need_root() || !tool("tgtd") {
-        return;
-    }
     // tgt as another vendor's target: braid cannot tell what fences it.
     let (out, _, fence) = held_write(
         Some("vendor_id=ACME,product_id=STORAGE"),
@@ -151,19 +131,8 @@ fn a_unit_braid_knows_no_fence_for_holds_a_failed_paths_writes_until_the_no_path
     assert_eq!(out.found, 1, "{out:?}");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn tgt_has_no_preempt_and_abort_so_persistent_reservations_are_refused_at_open() {
-    if !need_root() || !tool("tgtd") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let file = common::sparse_file(dir.path(), "lun.img", 16 << 20);
     let (mut tgt, direct) = tgt(&file, None);

@@ -11,6 +11,8 @@ mod common;
 mod labkit;
 mod tgtkit;
 
+use braid_test_needs::needs;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Output;
@@ -133,19 +135,8 @@ fn tgt_lun(portals: &[SocketAddr], dir: &Path, name: &str, size: u64, serial: &s
     tgt
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn copy_and_bench_against_tgt_with_a_portal_per_path() {
-    if !common::need_root() || !tool("tgtd") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let portals: Vec<SocketAddr> = ["127.0.0.1", "127.0.0.2"]
@@ -243,19 +234,8 @@ fn chap_and_mutual_chap_against_braids_target() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn chap_and_mutual_chap_against_tgt() {
-    if !common::need_root() || !tool("tgtd") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut tgt = tgt_lun(
@@ -334,19 +314,8 @@ fn braid_attach_serves_an_iscsi_volume_to_nbd_clients() {
     assert_eq!(status["fence"], "reinstatement", "{status}");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn a_tgt_portal_leading_to_another_lun_is_refused_with_both_identities() {
-    if !common::need_root() || !tool("tgtd") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let a: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();

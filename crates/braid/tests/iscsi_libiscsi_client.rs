@@ -6,10 +6,12 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 use std::time::Duration;
 
-use common::{cmd, free_port, installed, output, sparse_file, tool, Serve};
+use common::{cmd, free_port, output, sparse_file, Serve};
 
 const CHUNK: usize = 64 << 10;
 const CHUNKS: usize = 512;
@@ -24,24 +26,8 @@ fn pattern(seed: u32, chunk: u64, at: u32) -> u8 {
     x as u8
 }
 
-#[cfg_attr(
-    braid_skip = "gcc",
-    ignore = "needs gcc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "libiscsi-dev",
-    ignore = "needs libiscsi-dev: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("gcc", "libiscsi-dev", "nbdcopy")]
 fn libiscsi_writes_at_queue_depth_and_reads_back_over_iscsi_and_nbd() {
-    if !tool("gcc") || !tool("nbdcopy") || !installed("/usr/include/iscsi/iscsi.h", "libiscsi-dev")
-    {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let client = dir.path().join("qd_client");
     let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/libiscsi/qd_client.c");

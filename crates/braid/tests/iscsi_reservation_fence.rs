@@ -15,12 +15,14 @@ mod fencekit;
 mod iscsikit;
 mod relaykit;
 
+use braid_test_needs::needs;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use braid_initiator::{Volume, VolumeConfig};
-use common::{free_port, need_root, Serve};
+use common::{free_port, Serve};
 use fencekit::rt;
 use iscsikit::{who, Initiator, GOOD};
 use relaykit::Relay;
@@ -98,15 +100,8 @@ fn scenario(dir: &Path, delay: Duration, before: impl FnOnce(u16)) -> fencekit::
     out
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (FUSE mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn a_preempt_and_abort_answered_late_is_not_confirmed_by_its_key_being_gone() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     // The PREEMPT AND ABORT waits for the held write, longer than the
     // fence waits for its answer: the next attempt finds the key gone and
@@ -120,15 +115,8 @@ fn a_preempt_and_abort_answered_late_is_not_confirmed_by_its_key_being_gone() {
     out.assert_fenced("the fence was confirmed while the failed path's write still ran");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (FUSE mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn a_fence_finds_the_failed_paths_key_past_the_first_64() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     // As above, braid's range lock would keep this write's order even if
     // the key were missed; what reads past 64 keys is

@@ -11,7 +11,9 @@ mod common;
 mod iscsikit;
 mod tgtkit;
 
-use common::{free_port, nbdsh, tool, Serve};
+use braid_test_needs::needs;
+
+use common::{free_port, nbdsh, Serve};
 use iscsikit::{vpd_cdb, who, Initiator, CHECK_CONDITION, GOOD, POWER_ON};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
@@ -61,15 +63,8 @@ h.opt_list_meta_context(lambda name: got.append(name))\nprint('LISTED', got)\nh.
     u128::from_str_radix(hex, 16).unwrap()
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn a_restart_is_told_by_power_on_and_the_instance_page_and_a_reset_is_not() {
-    if !tool("nbdsh") {
-        return;
-    }
     let port = free_port();
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut first = serve(port);
@@ -119,19 +114,8 @@ fn a_restart_is_told_by_power_on_and_the_instance_page_and_a_reset_is_not() {
 /// attention says "new session", not "restart": it cannot tell the two
 /// apart, and tgt has no instance to ask. Its file LUNs report the write
 /// cache on.
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (tgtd's control socket): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "tgtd")]
 fn what_tgt_tells_of_restarts_and_its_write_cache() {
-    if !common::need_root() || !tool("tgtd") {
-        return;
-    }
     const TGT_IQN: &str = "iqn.2026-11.org.example:tgt";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lun.img");

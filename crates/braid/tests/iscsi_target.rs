@@ -7,12 +7,12 @@
 mod common;
 mod iscsikit;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 use std::time::Duration;
 
-use common::{
-    cmd, free_port, output, random_bytes, sha256, sha256_bytes, sparse_file, tool, Serve,
-};
+use common::{cmd, free_port, output, random_bytes, sha256, sha256_bytes, sparse_file, Serve};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
 const SIZE: usize = 16 << 20;
@@ -41,15 +41,8 @@ fn run(c: &mut Command) -> String {
     text
 }
 
-#[cfg_attr(
-    braid_skip = "iscsi-ls",
-    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("iscsi-ls")]
 fn libiscsi_discovers_every_portal_and_sees_one_unit_behind_them() {
-    if !tool("iscsi-ls") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let serve = serve(dir.path(), port);
@@ -119,15 +112,8 @@ fn conformance(urls: &[String]) -> (String, Vec<u64>) {
     (text, counts)
 }
 
-#[cfg_attr(
-    braid_skip = "iscsi-test-cu",
-    ignore = "needs iscsi-test-cu: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("iscsi-test-cu")]
 fn libiscsis_whole_conformance_suite_passes_on_one_portal_and_on_two() {
-    if !tool("iscsi-test-cu") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let serve = serve(dir.path(), port);
@@ -147,15 +133,8 @@ fn libiscsis_whole_conformance_suite_passes_on_one_portal_and_on_two() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy")]
 fn data_crosses_between_iscsi_and_nbd_byte_for_byte() {
-    if !tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let serve = serve(dir.path(), port);
@@ -199,15 +178,8 @@ fn data_crosses_between_iscsi_and_nbd_byte_for_byte() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "iscsi-ls",
-    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("iscsi-ls")]
 fn an_export_allow_list_hides_its_target_from_other_networks() {
-    if !tool("iscsi-ls") {
-        return;
-    }
     let port = free_port();
     let _serve = Serve::start(&[
         "--listen",
@@ -348,15 +320,8 @@ fn targets_are_named_after_the_operators_iqn_prefix() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "iscsi-ls",
-    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("iscsi-ls")]
 fn with_chap_only_the_right_secret_logs_in() {
-    if !tool("iscsi-ls") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let creds = dir.path().join("chap.toml");
     std::fs::write(

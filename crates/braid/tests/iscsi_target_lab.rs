@@ -6,6 +6,8 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -25,23 +27,7 @@ fn ip(lab: &Lab, args: &[&str]) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "iscsi-ls",
-    ignore = "needs iscsi-ls: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc", "iscsi-ls")]
 fn send_targets_names_only_portals_a_client_can_reach() {
     if !braid_lab::require_or_skip("send_targets_names_only_portals_a_client_can_reach") {
         return;

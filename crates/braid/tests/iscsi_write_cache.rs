@@ -14,11 +14,13 @@
 mod common;
 mod iscsikit;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use braid_powercut::PowerCut;
-use common::{free_port, need_root, signal, Serve};
+use common::{free_port, signal, Serve};
 use iscsikit::{Initiator, GOOD};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
@@ -77,15 +79,8 @@ fn powercut_disk(dir: &Path) -> PowerCut {
     PowerCut::mount(&at, "disk.img", 4 << 20).expect("mounting braid-powercut")
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (FUSE mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn a_write_acknowledged_without_synchronize_cache_survives_a_power_cut() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let pc = powercut_disk(dir.path());
     let state = dir.path().join("state");

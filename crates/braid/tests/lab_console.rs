@@ -9,6 +9,8 @@ mod browserkit;
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -34,31 +36,7 @@ const LOOK: &str = "
         share1: p1.length ? parseFloat(row(1).querySelector('meter').value) : 0,
     };";
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "chromium",
-    ignore = "needs chromium: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "chromedriver",
-    ignore = "needs chromedriver: install chromium-driver (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "qemu-io",
-    ignore = "needs qemu-io: install qemu-utils (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc", "chromium", "chromedriver", "qemu-io")]
 fn the_page_shows_a_cut_path_fail_over_and_come_back() {
     if !braid_lab::require_or_skip("the_page_shows_a_cut_path_fail_over_and_come_back")
         || !tool("chromium")

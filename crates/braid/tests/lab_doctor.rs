@@ -5,7 +5,10 @@
 //! changes: every sysctl, MTU, route, rule and qdisc of the namespace is
 //! the same before and after.
 
+mod common;
 mod labkit;
+
+use braid_test_needs::needs;
 
 use std::process::Command;
 use std::time::Duration;
@@ -148,24 +151,8 @@ fn unchanged(before: &str, after: &str, what: &str) {
 
 macro_rules! lab_test {
     ($(#[$m:meta])* fn $name:ident() $body:block) => {
-        #[cfg_attr(
-            braid_skip = "root",
-            ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-        )]
-        #[cfg_attr(
-            braid_skip = "ip",
-            ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-        )]
-        #[cfg_attr(
-            braid_skip = "tc",
-            ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-        )]
-        #[cfg_attr(
-            braid_skip = "sysctl",
-            ignore = "needs sysctl: install procps (scripts/test-all installs every tool the tests use)"
-        )]
+        #[needs("root", "ip", "tc", "sysctl")]
         $(#[$m])*
-        #[test]
         fn $name() {
             if !braid_lab::require_or_skip(stringify!($name)) {
                 return;

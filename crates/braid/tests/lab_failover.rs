@@ -7,8 +7,11 @@
 //! failback within 2 s); the measured times are printed. These tests run
 //! one at a time so that they do not steal each other's CPU.
 
+mod common;
 mod failkit;
 mod labkit;
+
+use braid_test_needs::needs;
 
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,38 +118,14 @@ fn cut_and_restore(how: Cut) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn link_down_for_three_seconds_costs_no_io_error() {
     if braid_lab::require_or_skip("link_down_for_three_seconds_costs_no_io_error") {
         cut_and_restore(Cut::LinkDown);
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn silent_blackhole_for_three_seconds_costs_no_io_error() {
     if braid_lab::require_or_skip("silent_blackhole_for_three_seconds_costs_no_io_error") {
         cut_and_restore(Cut::Blackhole);
@@ -190,19 +169,7 @@ fn all_paths_cut(outage: Duration, no_path: Duration) -> (failkit::RunLog, Lab, 
     (log, lab, uri, serve)
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn all_paths_cut_shorter_than_the_no_path_timeout_resumes_without_error() {
     if !braid_lab::require_or_skip("all_paths_cut_shorter_than_the_no_path_timeout") {
         return;
@@ -219,19 +186,7 @@ fn all_paths_cut_shorter_than_the_no_path_timeout_resumes_without_error() {
     assert!(after > 0, "no I/O completed after the paths came back");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn all_paths_cut_longer_than_the_no_path_timeout_fails_cleanly_and_keeps_acknowledged_data() {
     if !braid_lab::require_or_skip("all_paths_cut_longer_than_the_no_path_timeout") {
         return;
@@ -366,19 +321,7 @@ fn stale_write(fencing: bool) -> u64 {
     })
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn fencing_keeps_a_held_stale_write_from_landing_after_a_newer_one() {
     if !braid_lab::require_or_skip("fencing_keeps_a_held_stale_write") {
         return;
@@ -391,19 +334,7 @@ fn fencing_keeps_a_held_stale_write_from_landing_after_a_newer_one() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn without_fencing_the_held_stale_write_lands() {
     if !braid_lab::require_or_skip("without_fencing_the_held_stale_write_lands") {
         return;
@@ -418,19 +349,7 @@ fn without_fencing_the_held_stale_write_lands() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn a_path_flapping_every_half_second_costs_no_error_and_leaks_nothing() {
     if !braid_lab::require_or_skip("a_path_flapping_every_half_second") {
         return;

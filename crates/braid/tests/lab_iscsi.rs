@@ -4,10 +4,13 @@
 //! answer does not answer; and ALUA states changed on braid's target
 //! while a verified load runs, the bytes following the states.
 
+mod common;
 mod failkit;
 mod iscsilab;
 mod labkit;
 mod tgtkit;
+
+use braid_test_needs::needs;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -72,23 +75,7 @@ fn bench(lab: &Lab, target: &Target, policy: &str) -> Vec<u64> {
         .collect()
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc", "tgtd")]
 fn every_policy_over_iscsi_on_equal_and_unequal_links() {
     if !braid_lab::require_or_skip("every_policy_over_iscsi") {
         return;
@@ -122,19 +109,7 @@ fn every_policy_over_iscsi_on_equal_and_unequal_links() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn a_portal_in_the_send_targets_answer_that_never_answers_is_left_out_quickly() {
     if !braid_lab::require_or_skip("a_portal_in_the_send_targets_answer_that_never_answers") {
         return;
@@ -202,19 +177,7 @@ fn alua(target: &Target, portal: usize, state: &str) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn alua_states_steer_a_verified_load_without_an_error() {
     if !braid_lab::require_or_skip("alua_states_steer_a_verified_load") {
         return;

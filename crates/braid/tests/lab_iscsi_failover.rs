@@ -12,11 +12,14 @@
 //! (`--persistent-reservations`): there the failed sessions' keys must have
 //! been preempted, and closing the volume must leave no key registered.
 
+mod common;
 mod failkit;
 mod iscsikit;
 mod iscsilab;
 mod labkit;
 mod tgtkit;
+
+use braid_test_needs::needs;
 
 use std::time::{Duration, Instant};
 
@@ -220,42 +223,14 @@ fn every_fault_over(kind: Kind) {
     assert!(resumed(m.long_outage_end), "no I/O after the long outage");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn every_fault_over_iscsi_to_braids_target_costs_no_acknowledged_write() {
     if braid_lab::require_or_skip("every_fault_over_iscsi_to_braids_target") {
         every_fault_over(Kind::Braid);
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tgtd",
-    ignore = "needs tgtd: install tgt (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc", "tgtd")]
 fn every_fault_over_iscsi_to_tgt_costs_no_acknowledged_write() {
     if braid_lab::require_or_skip("every_fault_over_iscsi_to_tgt") {
         every_fault_over(Kind::Tgt);

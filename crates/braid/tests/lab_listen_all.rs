@@ -4,7 +4,10 @@
 //! named at startup with its reason, and only the served portal is
 //! advertised to clients.
 
+mod common;
 mod labkit;
+
+use braid_test_needs::needs;
 
 use std::process::Command;
 use std::time::Duration;
@@ -27,19 +30,7 @@ fn ip(lab: &Lab, args: &[&str]) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn listen_all_leaves_out_what_clients_cannot_reach() {
     if !braid_lab::require_or_skip("listen_all_leaves_out_what_clients_cannot_reach") {
         return;

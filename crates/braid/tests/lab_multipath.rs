@@ -3,7 +3,10 @@
 //! veth pairs. Data is checked by sha256; each link's own counters show it
 //! carried its share.
 
+mod common;
 mod labkit;
+
+use braid_test_needs::needs;
 
 use std::time::Duration;
 
@@ -60,19 +63,7 @@ fn round_trip(lab: &Lab) -> (Vec<f64>, Vec<u64>) {
     (shares(&copy_in), carried)
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn copy_over_two_equal_gigabit_paths_uses_both_evenly() {
     if !braid_lab::require_or_skip("copy_over_two_equal_gigabit_paths_uses_both_evenly") {
         return;
@@ -91,19 +82,7 @@ fn copy_over_two_equal_gigabit_paths_uses_both_evenly() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn copy_over_unequal_paths_follows_their_speed() {
     if !braid_lab::require_or_skip("copy_over_unequal_paths_follows_their_speed") {
         return;

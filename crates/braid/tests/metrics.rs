@@ -7,12 +7,14 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use common::{cmd, free_port, random_file, run, tool, Serve};
+use common::{cmd, free_port, random_file, run, Serve};
 use labkit::Attach;
 
 /// GET /metrics, bounded in time; the body.
@@ -76,19 +78,8 @@ fn bucket_sets(samples: &[Sample]) -> BTreeMap<String, Vec<String>> {
     sets
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "python3",
-    ignore = "needs python3: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy", "python3")]
 fn scrapes_parse_have_fixed_buckets_and_add_up_to_the_traffic() {
-    if !tool("nbdcopy") || !tool("python3") {
-        return;
-    }
     let serve_port = free_port();
     let serve_metrics = format!("127.0.0.1:{serve_port}");
     let serve = Serve::start(&[
@@ -257,15 +248,8 @@ fn metric_names(q: &str) -> Vec<String> {
     out
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy")]
 fn status_latency_is_recent_and_leaves_probes_out() {
-    if !tool("nbdcopy") {
-        return;
-    }
     let serve = Serve::start(&[]);
     let attach = Attach::start(None, &serve.uri("vol"), "vol", &[]);
     // An idle volume: the engine probes its path, but no user request has

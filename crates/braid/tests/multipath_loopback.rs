@@ -5,6 +5,8 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -12,7 +14,7 @@ use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use braid_policy::NAMES;
-use common::{cmd, output, random_file, run, sha256, tool, ChildGuard, Serve};
+use common::{cmd, output, random_file, run, sha256, ChildGuard, Serve};
 
 fn braid() -> std::process::Command {
     cmd(env!("CARGO_BIN_EXE_braid"))
@@ -210,15 +212,8 @@ fn nbdkit_file(ip: &str, file: &Path) -> (ChildGuard, SocketAddr) {
     (guard, addr)
 }
 
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdkit")]
 fn plain_nbd_server_with_explicit_portals() {
-    if !tool("nbdkit") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::File::create(&disk)

@@ -18,12 +18,14 @@
 mod common;
 mod crashkit;
 
+use braid_test_needs::needs;
+
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use braid_powercut::{Cut, PowerCut};
-use common::{free_port, nbdsh, need_root, tool};
+use common::{free_port, nbdsh};
 use crashkit::{block_data, decode_sector, power_cut, read_disk, BLOCK, BLOCKS, SECTOR, WAIT};
 use rand::Rng;
 
@@ -38,15 +40,8 @@ fn mount(dir: &Path) -> PowerCut {
     PowerCut::mount(&at, "disk.img", BLOCKS * BLOCK as u64).expect("mounting braid-powercut")
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn the_harness_forgets_exactly_what_was_never_synced() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temporary dir");
     let pc = mount(dir.path());
     let mut f = std::fs::OpenOptions::new()
@@ -78,15 +73,9 @@ fn the_harness_forgets_exactly_what_was_never_synced() {
     assert_eq!(pc.syncs().failed, 1);
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
+#[needs("root")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_flushes_and_fua_writes_survive_power_loss() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temporary dir");
     let pc = mount(dir.path());
     let seed = crashkit::seed("power loss");
@@ -111,19 +100,8 @@ async fn acknowledged_flushes_and_fua_writes_survive_power_loss() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "nbdsh")]
 fn a_failed_fdatasync_fails_every_later_flush_until_reopened() {
-    if !need_root() || !tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temporary dir");
     let pc = mount(dir.path());
     let state = dir.path().join("state");
@@ -204,15 +182,9 @@ fn scrape(flag: &str) -> String {
     body
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
+#[needs("root")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fdatasync_taking_seconds_fails_no_path() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temporary dir");
     let pc = mount(dir.path());
     let serve = crashkit::start(
@@ -279,19 +251,8 @@ async fn fdatasync_taking_seconds_fails_no_path() {
         .expect("close");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "nbdsh")]
 fn sigterm_makes_unflushed_writes_durable_before_exit() {
-    if !need_root() || !tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().expect("temporary dir");
     let pc = mount(dir.path());
     let state = dir.path().join("state");

@@ -18,6 +18,8 @@
 mod common;
 mod crashkit;
 
+use braid_test_needs::needs;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +28,7 @@ use std::time::Duration;
 use braid_initiator::Volume;
 use braid_powercut::PowerCut;
 use bytes::{Bytes, BytesMut};
-use common::{free_port, need_root};
+use common::free_port;
 use crashkit::{block_data, decode_sector, power_cut, BLOCK, SECTOR, WAIT};
 use rand::{Rng, SeedableRng};
 
@@ -49,15 +51,9 @@ struct Load {
     blocks: u64,
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
+#[needs("root")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_volume_loses_nothing_across_power_cuts() {
-    if !need_root() {
-        return;
-    }
     let load = Load {
         sizes: &[1],
         paths: 1,
@@ -68,15 +64,9 @@ async fn an_open_volume_loses_nothing_across_power_cuts() {
     bounded(run(load, "4 KiB writes")).await;
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
+#[needs("root")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_mib_writes_lose_nothing_across_power_cuts() {
-    if !need_root() {
-        return;
-    }
     let load = Load {
         sizes: &[256],
         paths: 1,
@@ -87,15 +77,9 @@ async fn one_mib_writes_lose_nothing_across_power_cuts() {
     bounded(run(load, "1 MiB writes, one path")).await;
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
+#[needs("root")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_sizes_reads_and_zeroes_over_two_paths_lose_nothing_across_power_cuts() {
-    if !need_root() {
-        return;
-    }
     let load = Load {
         sizes: &[1, 2, 8, 16, 32, 64, 256],
         paths: 2,

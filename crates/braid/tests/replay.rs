@@ -8,10 +8,12 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{cmd, free_port, nbdsh, run, signal, tool, Serve};
+use common::{cmd, free_port, nbdsh, run, signal, Serve};
 use labkit::{braid_bin, Attach};
 
 const VOLUME_ID: &str = "0b6f4c1e-2d7a-4c52-9e1b-7f3a5d9c8e21";
@@ -34,15 +36,8 @@ fn through_attach(attach: &Attach, body: &str) -> String {
     ))
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn unflushed_writes_come_back_after_the_target_restarts() {
-    if !tool("nbdsh") {
-        return;
-    }
     let port = free_port();
     let mut first = serve(port);
     let attach = Attach::start(None, &first.uri("vol"), "vol", &["--no-path-timeout", "60"]);
@@ -92,15 +87,8 @@ fn unflushed_writes_come_back_after_the_target_restarts() {
 /// kernel's nbd driver opens several), until `braid clear-loss`. Before the
 /// loss was sticky, exactly one FLUSH failed: "a FLUSH succeeded after the
 /// loss: SECOND FLUSHED".
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn a_restart_past_the_window_fails_every_flush_of_every_client_until_cleared() {
-    if !tool("nbdsh") {
-        return;
-    }
     let port = free_port();
     let mut first = serve(port);
     let attach = Attach::start(None, &first.uri("vol"), "vol", &["--replay-window", "1MiB"]);
@@ -181,15 +169,8 @@ h2.shutdown()
 /// to lead to a new process and the window is written again. Before, the
 /// initiator read no instance over iSCSI and braid's target told no
 /// restart: nothing was replayed ("acknowledged writes lost: LOST").
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn unflushed_writes_come_back_after_braids_iscsi_target_restarts() {
-    if !tool("nbdsh") {
-        return;
-    }
     let (port, iscsi) = (free_port(), free_port());
     let start = || {
         Serve::start(&[
@@ -246,15 +227,8 @@ fn unflushed_writes_come_back_after_braids_iscsi_target_restarts() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdkit")]
 fn status_says_replay_is_unavailable_against_a_plain_server() {
-    if !tool("nbdkit") {
-        return;
-    }
     let port = free_port();
     let mut kit = common::ChildGuard::spawn(
         cmd("nbdkit")

@@ -9,6 +9,8 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 
 use common::{cmd, nbdsh, random_bytes, random_file, run, sha256, sparse_file, Serve};
@@ -31,15 +33,8 @@ fn contexts(export: &Value) -> Vec<String> {
         .collect()
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn nbdinfo_json_reports_size_flags_block_sizes_and_braid_contexts() {
-    if !common::tool("nbdinfo") {
-        return;
-    }
     let serve = Serve::start(&["vol=mem:64MiB"]);
     let j = nbdinfo_json(&[&serve.uri("vol")]);
     assert_eq!(j["protocol"], "newstyle-fixed");
@@ -72,15 +67,8 @@ fn nbdinfo_json_reports_size_flags_block_sizes_and_braid_contexts() {
     assert!(ctx.contains(&portal), "{portal} not in {ctx:?}");
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn nbdinfo_list_shows_every_export_with_size_flags_and_braid_contexts() {
-    if !common::tool("nbdinfo") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let file = sparse_file(dir.path(), "disk.img", 16 * MIB as u64);
     let vol = format!("disk={}", file.display());
@@ -118,15 +106,8 @@ fn nbdinfo_list_shows_every_export_with_size_flags_and_braid_contexts() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn nbdinfo_map_shows_data_between_holes_of_a_sparse_file() {
-    if !common::tool("nbdinfo") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let file = sparse_file(dir.path(), "sparse.img", 16 * MIB as u64);
     {
@@ -155,15 +136,8 @@ fn nbdinfo_map_shows_data_between_holes_of_a_sparse_file() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy")]
 fn nbdcopy_with_four_connections_round_trips_file_and_mem_exports() {
-    if !common::tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let src = random_file(dir.path(), 32 * MIB, 2);
     let disk = sparse_file(dir.path(), "disk.img", 32 * MIB as u64);
@@ -230,15 +204,8 @@ fn unaligned_ops(size: usize, data_len: usize) -> Vec<Op> {
     ops
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn nbdsh_unaligned_reads_and_writes_match_a_local_model() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let size = 8 * MIB;
     let dir = tempfile::tempdir().unwrap();
     let data_path = random_file(dir.path(), 2 * MIB, 4);
@@ -303,15 +270,8 @@ h.shutdown()
     );
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn nbdsh_trim_zero_flush_fua_cache_and_block_status_behave() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "disk.img", 4 * MIB as u64);
     let serve = Serve::start(&[&format!("disk={}", disk.display()), "mem=mem:4MiB"]);
@@ -391,15 +351,8 @@ impl Drop for Unmount<'_> {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn nbdsh_zero_length_requests_leave_the_connection_usable() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let serve = Serve::start(&["vol=mem:1MiB"]);
     let out = nbdsh(&format!(
         r#"
@@ -424,23 +377,8 @@ print('ok')
     assert_eq!(out.trim(), "ok");
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "nbdfuse",
-    ignore = "needs nbdfuse: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "fusermount3",
-    ignore = "needs fusermount3: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "nbdfuse", "fusermount3")]
 fn nbdfuse_mount_reads_the_same_bytes_as_the_source_file() {
-    if !common::tool("nbdfuse") || !common::tool("fusermount3") || !common::need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let src = random_file(dir.path(), 16 * MIB, 6);
     let serve = Serve::start(&[&format!("vol={}", src.display())]);
@@ -470,15 +408,8 @@ fn nbdfuse_mount_reads_the_same_bytes_as_the_source_file() {
     assert_eq!(sha256(&mnt.join("disk")), sha256(&src));
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn list_meta_context_for_the_braid_namespace_names_the_volume_and_every_portal() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let serve = Serve::start(&[
         "--listen",
         "127.0.0.1:0",

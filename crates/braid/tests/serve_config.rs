@@ -4,9 +4,11 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::time::Duration;
 
-use common::{cmd, output, tool, Serve};
+use common::{cmd, output, Serve};
 
 /// nbdinfo's view of one export: whether it is read-only.
 fn read_only(uri: &str) -> bool {
@@ -22,15 +24,8 @@ fn read_only(uri: &str) -> bool {
         .unwrap_or_else(|| panic!("no is_read_only in {text}"))
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn config_keys_set_per_export_read_only_and_limits() {
-    if !tool("nbdinfo") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("serve.toml");
     std::fs::write(

@@ -6,6 +6,8 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::time::Duration;
@@ -43,15 +45,8 @@ print('ok')
     assert_eq!(out.trim(), "ok");
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn flush_on_one_connection_covers_writes_completed_on_another() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "disk.img", 16 * MIB as u64);
     let serve = Serve::start(&[
@@ -73,15 +68,8 @@ fn flush_on_one_connection_covers_writes_completed_on_another() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh")]
 fn read_only_serve_refuses_writes_with_eperm_and_serves_reads() {
-    if !common::tool("nbdsh") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let src = random_file(dir.path(), 4 * MIB, 7);
     let before = sha256(&src);
@@ -130,15 +118,8 @@ fn volume_seen(serve: &Serve, export: &str) -> String {
         .unwrap_or_else(|| panic!("no x-braid:volume context in {j:#}"))
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn volume_identity_survives_restart_and_differs_between_files() {
-    if !common::tool("nbdinfo") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let state = state.to_str().unwrap();
@@ -198,19 +179,8 @@ fn a_file_name_with_a_newline_does_not_break_the_identity_store() {
     second.logged_volume("plain");
 }
 
-#[cfg_attr(
-    braid_skip = "nbdsh",
-    ignore = "needs nbdsh: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdsh", "nbdcopy")]
 fn sigterm_with_a_client_connected_exits_0_and_keeps_its_writes() {
-    if !common::tool("nbdsh") || !common::tool("nbdcopy") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let data = random_file(dir.path(), 8 * MIB, 8);
     let disk = sparse_file(dir.path(), "disk.img", 8 * MIB as u64);

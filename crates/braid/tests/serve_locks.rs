@@ -4,10 +4,12 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{cmd, free_port, need_root, output, tool, ChildGuard, Serve};
+use common::{cmd, free_port, output, ChildGuard, Serve};
 
 /// `braid serve ARGS` expected to fail at start; its stderr.
 fn refused(args: &[&str]) -> String {
@@ -39,19 +41,8 @@ fn a_second_writer_of_an_image_is_refused_and_readers_share() {
     assert!(err.contains("in use"), "{err}");
 }
 
-#[cfg_attr(
-    braid_skip = "qemu-io",
-    ignore = "needs qemu-io: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "qemu-nbd",
-    ignore = "needs qemu-nbd: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("qemu-io", "qemu-nbd")]
 fn braid_and_qemu_refuse_each_other() {
-    if !tool("qemu-io") || !tool("qemu-nbd") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let img = image(dir.path());
     {
@@ -119,19 +110,8 @@ impl Drop for Loop {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "losetup",
-    ignore = "needs losetup: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "losetup")]
 fn a_block_device_held_by_another_writer_is_refused() {
-    if !need_root() || !tool("losetup") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let dev = Loop::over(&image(dir.path()));
     let _first = Serve::start(&[&format!("vol={}", dev.0)]);
@@ -142,19 +122,8 @@ fn a_block_device_held_by_another_writer_is_refused() {
 /// A read-only export takes no exclusive claim on a block device: a
 /// writer (here a writable `braid serve`, which opens it with O_EXCL)
 /// still gets it while braid reads it.
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "losetup",
-    ignore = "needs losetup: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "losetup")]
 fn a_read_only_export_takes_no_exclusive_claim_on_a_block_device() {
-    if !need_root() || !tool("losetup") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let dev = Loop::over(&image(dir.path()));
     let _reader = Serve::start(&["--read-only", &format!("vol={}", dev.0)]);
@@ -175,15 +144,8 @@ fn on_glusterfs(dir: &std::path::Path) -> braid_powercut::PowerCut {
 /// An image on a network file system is locked on this host only: a
 /// writable export of it is refused unless `--allow-network-fs` accepts
 /// that, and every start says so.
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (FUSE mounts): run as root, or scripts/test-all"
-)]
-#[test]
+#[needs("root")]
 fn an_image_on_a_network_file_system_is_refused_unless_allowed() {
-    if !need_root() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let fs = on_glusterfs(dir.path());
     let img = format!("vol={}", fs.file().display());

@@ -4,6 +4,8 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 
 use common::{cmd, random_file, run, sha256, sparse_file, Serve};
@@ -11,15 +13,8 @@ use serde_json::Value;
 
 const MIB: usize = 1 << 20;
 
-#[cfg_attr(
-    braid_skip = "qemu-img",
-    ignore = "needs qemu-img: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("qemu-img")]
 fn qemu_img_convert_and_compare_round_trip() {
-    if !common::tool("qemu-img") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let src = random_file(dir.path(), 16 * MIB, 5);
     let disk = sparse_file(dir.path(), "disk.img", 16 * MIB as u64);
@@ -59,15 +54,8 @@ fn qemu_img_convert_and_compare_round_trip() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "qemu-io",
-    ignore = "needs qemu-io: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("qemu-io")]
 fn qemu_io_pattern_write_reads_back_and_a_wrong_pattern_fails() {
-    if !common::tool("qemu-io") {
-        return;
-    }
     let serve = Serve::start(&["vol=mem:16MiB"]);
     let uri = serve.uri("vol");
     let qemu_io = |c: &str| {
@@ -104,15 +92,8 @@ fn qemu_io_pattern_write_reads_back_and_a_wrong_pattern_fails() {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "fio",
-    ignore = "needs fio: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("fio")]
 fn fio_random_read_write_with_crc32c_verify_has_no_errors() {
-    if !common::tool("fio") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = sparse_file(dir.path(), "disk.img", 32 * MIB as u64);
     let serve = Serve::start(&[&format!("disk={}", disk.display()), "mem=mem:32MiB"]);

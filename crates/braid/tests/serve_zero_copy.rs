@@ -5,6 +5,8 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 
 use common::raw::RawClient;
@@ -24,11 +26,7 @@ fn tmpfs_dir() -> Option<tempfile::TempDir> {
     None
 }
 
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdcopy")]
 fn reads_from_a_memory_file_are_exact_with_every_client() {
     let Some(dir) = tmpfs_dir() else { return };
     let data = random_bytes(24 << 20, 11);

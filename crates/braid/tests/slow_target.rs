@@ -6,6 +6,8 @@
 mod common;
 mod labkit;
 
+use braid_test_needs::needs;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,15 +71,8 @@ fn assert_no_path_failed(ok: bool, stdout: &str, stderr: &str) {
     );
 }
 
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdkit")]
 fn two_second_writes_on_both_portals_fail_no_path() {
-    if !tool("nbdkit") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
@@ -94,15 +89,8 @@ fn two_second_writes_on_both_portals_fail_no_path() {
     assert_no_path_failed(ok, &out, &err);
 }
 
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdkit")]
 fn one_slow_server_beside_a_fast_one_fails_no_path() {
-    if !tool("nbdkit") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
@@ -127,23 +115,7 @@ fn one_slow_server_beside_a_fast_one_fails_no_path() {
     assert_no_path_failed(ok, &out, &err);
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "nbdkit", "ip", "tc")]
 fn a_blackholed_path_still_fails_fast_while_the_other_is_slow() {
     if !braid_lab::require_or_skip("a_blackholed_path_still_fails_fast_while_the_other_is_slow")
         || !tool("nbdkit")
@@ -247,15 +219,8 @@ fn nbdkit_slow_flush(file: &Path, port: u16, secs: u32) -> ChildGuard {
     guard
 }
 
-#[test]
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
+#[needs("nbdkit")]
 fn a_flush_that_takes_seconds_fails_no_path() {
-    if !tool("nbdkit") {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk.img");
     std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();

@@ -4,13 +4,15 @@
 
 mod common;
 
+use braid_test_needs::needs;
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::raw::RawClient;
-use common::{cmd, output, random_file, run, sha256, tool, ChildGuard, Serve};
+use common::{cmd, output, random_file, run, sha256, ChildGuard, Serve};
 
 fn braid() -> std::process::Command {
     cmd(env!("CARGO_BIN_EXE_braid"))
@@ -50,19 +52,8 @@ fn tls_serve(certs: &Path) -> Serve {
     ])
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "nbdcopy",
-    ignore = "needs nbdcopy: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo", "nbdcopy")]
 fn libnbd_clients_need_a_certificate_from_the_right_ca() {
-    if !tool("nbdinfo") || !tool("nbdcopy") {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let good = tls_dir(&tmp.path().join("good"));
     let other = tls_dir(&tmp.path().join("other"));
@@ -129,15 +120,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[cfg_attr(
-    braid_skip = "nbdkit",
-    ignore = "needs nbdkit: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdkit")]
 fn the_initiator_reaches_nbdkit_with_tls_required() {
-    if !tool("nbdkit") {
-        return;
-    }
     let tmp = tempfile::tempdir().unwrap();
     let certs = tls_dir(&tmp.path().join("certs"));
     let port = free_port();
@@ -181,15 +165,8 @@ fn the_initiator_reaches_nbdkit_with_tls_required() {
     assert!(!out.status.success());
 }
 
-#[cfg_attr(
-    braid_skip = "nbdinfo",
-    ignore = "needs nbdinfo: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("nbdinfo")]
 fn an_address_outside_the_allow_list_is_refused_and_logged() {
-    if !tool("nbdinfo") {
-        return;
-    }
     let mut serve = Serve::start(&["--allow", "vol=127.0.0.2/32", "vol=mem:16MiB"]);
     let uri = serve.uri("vol");
     // nbdinfo connects from 127.0.0.1: refused.

@@ -98,6 +98,69 @@ pub fn require_or_skip(test_name: &str) -> bool {
     }
 }
 
+mod known_needs {
+    // The tools list is for the build scripts; here only the files.
+    #![allow(dead_code)]
+    include!("../../test-needs/src/needs.rs");
+}
+
+/// Whether every need of a `#[needs(...)]` test (`braid-test-needs`) is
+/// met: "root", a need found by a file (`libiscsi-dev`), or a tool on
+/// PATH. Outside CI a missing need is reported (SKIPPED, with what to
+/// install) and the test passes over; under CI it fails the test, since
+/// CI installs everything.
+pub fn needs(needs: &[&str]) -> bool {
+    let missing: Vec<String> = needs
+        .iter()
+        .filter_map(|need| {
+            let file = known_needs::OTHERS
+                .iter()
+                .find(|(n, _)| n == need)
+                .map(|(_, f)| *f);
+            let met = match file {
+                // SAFETY: geteuid(2) cannot fail and touches no memory.
+                Some(None) => (unsafe { libc::geteuid() }) == 0,
+                Some(Some(f)) => std::path::Path::new(f).exists(),
+                None => on_path(need),
+            };
+            (!met).then(|| match file {
+                Some(None) => "root".to_owned(),
+                Some(Some(f)) => format!("{need} ({f})"),
+                None => format!("{need} on PATH"),
+            })
+        })
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    if in_ci() {
+        panic!(
+            "{test}: CI must provide {}: scripts/test-all installs every tool the tests use, \
+             as root",
+            missing.join(", ")
+        );
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test}: needs {} (set CI=1 to make this a failure)",
+        missing.join(", ")
+    );
+    false
+}
+
+fn on_path(tool: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/bin", "/usr/sbin", "/sbin"].map(Into::into))
+        .any(|dir: std::path::PathBuf| {
+            std::fs::metadata(dir.join(tool)).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+}
+
 /// CI systems set `CI` (GitHub Actions, GitLab, and our `.ci/run`);
 /// an empty or `false` value counts as unset.
 fn in_ci() -> bool {

@@ -3,6 +3,7 @@
 //! (loudly) without it, except under CI. No timing thresholds: every wait is
 //! bounded, but how fast is measured by the CLI and benchmarks, not here.
 
+use braid_test_needs::needs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
@@ -130,19 +131,7 @@ fn storage_port(lab: &Lab, index: usize, listener: &TcpListener) -> SocketAddr {
     ))
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn each_path_carries_its_own_traffic() {
     if !braid_lab::require_or_skip("each_path_carries_its_own_traffic") {
         return;
@@ -165,19 +154,7 @@ fn each_path_carries_its_own_traffic() {
     lab.down().unwrap();
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn link_down_fails_fast_and_restore_heals() {
     if !braid_lab::require_or_skip("link_down_fails_fast_and_restore_heals") {
         return;
@@ -224,19 +201,7 @@ fn link_down_fails_fast_and_restore_heals() {
     assert_carried_by(&lab, &before, 1);
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn blackhole_drops_silently_and_restore_heals() {
     if !braid_lab::require_or_skip("blackhole_drops_silently_and_restore_heals") {
         return;
@@ -309,19 +274,7 @@ fn blackhole_drops_silently_and_restore_heals() {
     lab.restore(2).unwrap();
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn same_subnet_routes_by_source_address() {
     if !braid_lab::require_or_skip("same_subnet_routes_by_source_address") {
         return;
@@ -363,19 +316,7 @@ fn same_subnet_routes_by_source_address() {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn flux_uses_one_veth_unless_bound_to_an_interface() {
     if !braid_lab::require_or_skip("flux_uses_one_veth_unless_bound_to_an_interface") {
         return;
@@ -404,19 +345,7 @@ fn flux_uses_one_veth_unless_bound_to_an_interface() {
     assert_carried_by(&lab, &before, 2);
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn spawn_output_and_enter_run_inside() {
     if !braid_lab::require_or_skip("spawn_output_and_enter_run_inside") {
         return;
@@ -455,19 +384,7 @@ fn spawn_output_and_enter_run_inside() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("tbf"));
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn drop_removes_namespaces_and_processes() {
     if !braid_lab::require_or_skip("drop_removes_namespaces_and_processes") {
         return;
@@ -515,19 +432,7 @@ impl Drop for FakeLeftover {
     }
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn up_removes_leftovers_of_dead_runs() {
     if !braid_lab::require_or_skip("up_removes_leftovers_of_dead_runs") {
         return;
@@ -590,19 +495,7 @@ fn min_rtt_us(s: &TcpStream) -> u32 {
     unsafe { info.assume_init() }.tcpi_min_rtt
 }
 
-#[cfg_attr(
-    braid_skip = "root",
-    ignore = "needs root (network namespaces, mounts): run as root, or scripts/test-all"
-)]
-#[cfg_attr(
-    braid_skip = "ip",
-    ignore = "needs ip: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[cfg_attr(
-    braid_skip = "tc",
-    ignore = "needs tc: install it (scripts/test-all installs every tool the tests use)"
-)]
-#[test]
+#[needs("root", "ip", "tc")]
 fn a_delay_lengthens_one_path_round_trip_and_ends_with_its_guard() {
     if !braid_lab::require_or_skip("a_delay_lengthens_one_path_round_trip") {
         return;
