@@ -49,7 +49,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "block", "engine", "iscsi", "scsi", "netif", "policy", "pool", "proto",
         ],
     ),
-    ("doctor", &["initiator", "netif", "proto"]),
+    ("doctor", &["block", "initiator", "netif", "proto"]),
     // The binary wires everything.
     (
         "braid",

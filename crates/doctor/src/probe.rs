@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use braid_initiator::conn::{self, Sink, TlsClient};
 use braid_initiator::discover::PathSpec;
 use braid_proto::reply::BlockStatus;
-use braid_proto::{ClientConfig, CmdFlags, Command, Cookie, Errno, Request};
+use braid_proto::{ClientConfig, CmdFlags, Command, Cookie, Request};
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
@@ -205,11 +205,10 @@ impl Sink for Counting {
     // A hole crossed no wire: not counted.
     fn hole(&self, _: Cookie, _: u64, _: u32) {}
     fn extents(&self, _: Cookie, _: BlockStatus) {}
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
-        let _ = self.done.send(Done::Reply(
-            cookie.0,
-            error.map(|(e, m)| format!("{e}: {m}")),
-        ));
+    fn done(&self, cookie: Cookie, error: Option<braid_block::Error>) {
+        let _ = self
+            .done
+            .send(Done::Reply(cookie.0, error.map(|e| e.to_string())));
     }
     fn lost(&self, reason: String) {
         let mut l = self.lost.lock().unwrap_or_else(|p| p.into_inner());

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use braid_block::{ErrorKind, Flags};
 use braid_policy::SplitRules;
-use braid_proto::{CmdFlags, Command, Cookie, Errno};
+use braid_proto::Cookie;
 use bytes::Bytes;
 
 use super::stats::Histogram;
@@ -18,41 +19,7 @@ pub struct PathId(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReqId(pub u64);
 
-/// The operations a volume offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-    Trim,
-    WriteZeroes,
-    Cache,
-    BlockStatus,
-}
-
-impl Op {
-    pub fn command(self) -> Command {
-        match self {
-            Self::Read => Command::Read,
-            Self::Write => Command::Write,
-            Self::Flush => Command::Flush,
-            Self::Trim => Command::Trim,
-            Self::WriteZeroes => Command::WriteZeroes,
-            Self::Cache => Command::Cache,
-            Self::BlockStatus => Command::BlockStatus,
-        }
-    }
-
-    /// Changes the volume's contents (and so needs fencing to re-send).
-    pub fn is_write(self) -> bool {
-        matches!(self, Self::Write | Self::Trim | Self::WriteZeroes)
-    }
-
-    /// Carries payload bytes (the rest cost the link almost nothing).
-    pub fn moves_data(self) -> bool {
-        matches!(self, Self::Read | Self::Write)
-    }
-}
+pub use braid_block::Op;
 
 /// A request as submitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,14 +27,14 @@ pub struct Submit {
     pub op: Op,
     pub offset: u64,
     pub len: u64,
-    pub flags: CmdFlags,
+    pub flags: Flags,
     /// A WRITE's data (`len` bytes); nothing for other operations.
     pub payload: Option<Payload>,
 }
 
 impl Submit {
     /// A request without data.
-    pub fn new(op: Op, offset: u64, len: u64, flags: CmdFlags) -> Self {
+    pub fn new(op: Op, offset: u64, len: u64, flags: Flags) -> Self {
         Self {
             op,
             offset,
@@ -78,7 +45,7 @@ impl Submit {
     }
 
     /// A WRITE of `payload`.
-    pub fn write(offset: u64, flags: CmdFlags, payload: Payload) -> Self {
+    pub fn write(offset: u64, flags: Flags, payload: Payload) -> Self {
         Self {
             op: Op::Write,
             offset,
@@ -128,8 +95,8 @@ pub enum Instance {
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
-    #[error("target: {errno}: {message}")]
-    Target { errno: Errno, message: String },
+    #[error("target: {kind}: {message}")]
+    Target { kind: ErrorKind, message: String },
     #[error("no path to the volume for {0:?}")]
     NoPath(Duration),
     /// The target restarted and writes it had acknowledged may be gone:
@@ -140,10 +107,10 @@ pub enum IoError {
 
 impl IoError {
     /// The NBD error to hand a local client.
-    pub fn errno(&self) -> Errno {
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Target { errno, .. } => *errno,
-            Self::NoPath(_) | Self::Lost(_) => Errno::Io,
+            Self::Target { kind, .. } => *kind,
+            Self::NoPath(_) | Self::Lost(_) => ErrorKind::Io,
         }
     }
 }
@@ -156,7 +123,7 @@ pub struct SendChunk {
     pub conn: usize,
     pub cookie: Cookie,
     pub op: Op,
-    pub flags: CmdFlags,
+    pub flags: Flags,
     /// Absolute offset on the volume.
     pub offset: u64,
     pub len: u32,

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use braid_block::Flags;
 use braid_proto::braid_ns::ConnId;
-use braid_proto::{CmdFlags, Cookie};
+use braid_proto::Cookie;
 
 use super::{
     path, Action, Chunk, Engine, Event, FenceId, Instance, IoError, Op, PathId, PathState,
@@ -363,7 +364,7 @@ impl Engine {
             conn,
             cookie: Cookie(cookie),
             op: Op::Read,
-            flags: CmdFlags(0),
+            flags: Flags::empty(),
             offset: 0,
             len,
             req: None,

@@ -60,8 +60,8 @@ mod window_tests;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
+use braid_block::Flags;
 use braid_policy::{PathView, Policy, Request as PolicyRequest};
-use braid_proto::CmdFlags;
 use braid_proto::Cookie;
 
 pub use access::Access;
@@ -129,7 +129,7 @@ impl PendingFence {
 struct Piece {
     req: ReqId,
     op: Op,
-    flags: CmdFlags,
+    flags: Flags,
     offset: u64,
     len: u32,
     req_offset: u64,
@@ -183,7 +183,7 @@ struct UserReq {
     op: Op,
     offset: u64,
     len: u64,
-    flags: CmdFlags,
+    flags: Flags,
     /// A WRITE's data and what it pins (see [`Payload`]).
     payload: Option<Payload>,
     origin: Origin,

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use braid_block::ErrorKind;
 use braid_proto::braid_ns::ConnId;
-use braid_proto::Errno;
 
 use super::tests::Harness;
 use super::*;
@@ -25,7 +25,7 @@ fn no_path_waits_then_fails_with_eio() {
     assert!(h.done.is_empty(), "failed before the no-path timeout");
     h.advance(Duration::from_secs(2));
     assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
-    assert_eq!(h.done[&r].as_ref().unwrap_err().errno(), Errno::Io);
+    assert_eq!(h.done[&r].as_ref().unwrap_err().kind(), ErrorKind::Io);
     let c = h.e.volume_counters();
     assert_eq!(
         (c.errors_returned, c.eio_returned, c.no_path_timeouts),
@@ -115,5 +115,5 @@ fn a_chunk_refused_by_its_port_waits_the_whole_timeout() {
     assert!(h.done.is_empty(), "{:?}", h.done);
     h.advance(Duration::from_secs(4));
     assert!(matches!(h.done[&r], Err(IoError::NoPath(_))));
-    assert_eq!(h.done[&r].as_ref().unwrap_err().errno(), Errno::Io);
+    assert_eq!(h.done[&r].as_ref().unwrap_err().kind(), ErrorKind::Io);
 }

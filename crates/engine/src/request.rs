@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use braid_proto::{Cookie, Errno};
+use braid_block::{Error, ErrorKind, Flags};
+use braid_proto::Cookie;
 
 use super::window::Extent;
 use super::{Action, Engine, IoError, Op, Origin, Piece, ReqId, Submit, UserReq, NONDATA_PIECE};
@@ -82,13 +83,13 @@ impl Engine {
 
     /// A reply to the chunk `cookie` arrived: `Ok`, or the error the target
     /// sent. Replies for chunks already moved elsewhere are ignored.
-    pub fn reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
+    pub fn reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), Error>) {
         self.take_reply(now, cookie, outcome);
         self.release_backlog(now);
         self.release_held(now);
     }
 
-    fn take_reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), (Errno, String)>) {
+    fn take_reply(&mut self, now: Duration, cookie: Cookie, outcome: Result<(), Error>) {
         let Some(chunk) = self.chunks.remove(&cookie.0) else {
             return;
         };
@@ -128,16 +129,19 @@ impl Engine {
                 }
             }
             Ok(()) => {}
-            Err((Errno::Shutdown, message)) => {
+            Err(Error {
+                kind: ErrorKind::ShuttingDown,
+                message,
+            }) => {
                 // The target is going away on this path: try elsewhere.
                 let reason = format!("target shutting down: {message}");
                 self.path_failed(now, super::PathId(chunk.path), &reason);
                 self.dispatch(now, piece);
                 return;
             }
-            Err((errno, message)) => {
+            Err(Error { kind, message }) => {
                 if let Some(r) = self.reqs.get_mut(&piece.req.0) {
-                    r.error.get_or_insert(IoError::Target { errno, message });
+                    r.error.get_or_insert(IoError::Target { kind, message });
                 }
             }
         }
@@ -168,7 +172,7 @@ impl Engine {
         let result = self.conclude(&r);
         if let Err(e) = &result {
             self.counters.errors_returned += 1;
-            if e.errno() == Errno::Io {
+            if e.kind() == ErrorKind::Io {
                 self.counters.eio_returned += 1;
             }
             if matches!(e, IoError::NoPath(_)) {
@@ -195,7 +199,7 @@ impl Engine {
             #[cfg(test)]
             Op::WriteZeroes | Op::Trim if self.undo.zeroes => self.window.punch(r.offset, r.len),
             Op::WriteZeroes => {
-                let flags = braid_proto::CmdFlags(r.flags.0 & !braid_proto::CmdFlags::FUA);
+                let flags = r.flags.without(Flags::FUA);
                 let extent = Extent::Zeroes { len: r.len, flags };
                 self.window.acked_extent(r.offset, extent, fua);
             }

@@ -33,8 +33,8 @@
 
 use std::time::Duration;
 
+use braid_block::Flags;
 use braid_proto::braid_ns::ConnId;
-use braid_proto::CmdFlags;
 
 use super::window::Extent;
 use super::{
@@ -486,9 +486,11 @@ impl Engine {
                 run.inflight += d.len() as u64;
             }
             let s = match extent {
-                Extent::Data(data) => Submit::write(offset, CmdFlags(0), super::Payload::new(data)),
+                Extent::Data(data) => {
+                    Submit::write(offset, Flags::empty(), super::Payload::new(data))
+                }
                 Extent::Zeroes { len, flags } => Submit::new(Op::WriteZeroes, offset, len, flags),
-                Extent::Trim { len } => Submit::new(Op::Trim, offset, len, CmdFlags(0)),
+                Extent::Trim { len } => Submit::new(Op::Trim, offset, len, Flags::empty()),
             };
             let id = self.new_request(&s, Origin::Replay, now);
             if s.op == Op::Write {

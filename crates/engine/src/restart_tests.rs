@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use braid_block::Flags;
 use braid_proto::braid_ns::ConnId;
-use braid_proto::CmdFlags;
 use bytes::Bytes;
 
 use super::tests::{request, Harness};
@@ -27,10 +27,10 @@ fn up(h: &mut Harness, p: PathId, conn: u128, instance: Instance) {
     h.pump();
 }
 
-fn write(h: &mut Harness, offset: u64, len: u64, v: u8, flags: u16) -> ReqId {
+fn write(h: &mut Harness, offset: u64, len: u64, v: u8, flags: Flags) -> ReqId {
     let s = Submit::write(
         offset,
-        CmdFlags(flags),
+        flags,
         Payload::new(Bytes::from(vec![v; len as usize])),
     );
     let id = h.e.submit(h.now, s);
@@ -89,7 +89,7 @@ fn writes_sent(h: &Harness) -> Vec<(u64, u32, u8)> {
 #[test]
 fn a_split_write_answered_in_part_by_the_old_target_goes_again_whole() {
     let mut h = harness(2);
-    let w = write(&mut h, 0, 1 << 20, 7, 0);
+    let w = write(&mut h, 0, 1 << 20, 7, Flags::empty());
     let pieces = h.sent.len();
     assert!(pieces > 2, "a MiB goes in pieces");
     // The old target answers half of the pieces, then dies.
@@ -126,7 +126,7 @@ fn a_split_write_answered_in_part_by_the_old_target_goes_again_whole() {
 #[test]
 fn the_window_is_written_again_before_anything_new_and_reads_wait_for_it() {
     let mut h = harness(1);
-    write(&mut h, 0, 8192, 1, 0);
+    write(&mut h, 0, 8192, 1, Flags::empty());
     answer_all(&mut h);
     let r = h.submit(Op::Read, 0, 4096);
     // The read is out when the target restarts; another comes after.
@@ -183,7 +183,7 @@ fn zeroing_and_trims_are_replayed_as_such() {
 #[test]
 fn a_flush_out_at_a_restart_is_asked_again_after_the_replay() {
     let mut h = harness(1);
-    write(&mut h, 0, 4096, 1, 0);
+    write(&mut h, 0, 4096, 1, Flags::empty());
     answer_all(&mut h);
     let f = h.submit(Op::Flush, 0, 0);
     restart(&mut h, 1);
@@ -202,8 +202,8 @@ fn a_flush_out_at_a_restart_is_asked_again_after_the_replay() {
 #[test]
 fn a_restart_during_a_replay_starts_it_again_and_waits_for_its_writes() {
     let mut h = harness(1);
-    write(&mut h, 0, 4096, 1, 0);
-    write(&mut h, 8192, 4096, 2, 0);
+    write(&mut h, 0, 4096, 1, Flags::empty());
+    write(&mut h, 8192, 4096, 2, Flags::empty());
     answer_all(&mut h);
     restart(&mut h, 1);
     let first = std::mem::take(&mut h.sent);
@@ -217,7 +217,7 @@ fn a_restart_during_a_replay_starts_it_again_and_waits_for_its_writes() {
     assert_eq!(restarts(&h), 2);
     // The whole window goes again, and the old replay's last write is
     // waited for before anything new.
-    let w = write(&mut h, 16384, 4096, 3, 0);
+    let w = write(&mut h, 16384, 4096, 3, Flags::empty());
     assert_eq!(writes_sent(&h).len(), 2, "{:?}", h.sent);
     answer_all(&mut h);
     assert!(!h.done.contains_key(&w), "waits for the old replay's write");
@@ -239,7 +239,7 @@ fn a_reset_a_second_path_is_told_of_is_the_restart_already_handled() {
         let p = h.e.add_path(PathConfig::default(), Duration::ZERO);
         up(&mut h, p, 100 + i, Instance::Unknown);
     }
-    write(&mut h, 0, 4096, 1, 0);
+    write(&mut h, 0, 4096, 1, Flags::empty());
     answer_all(&mut h);
     restart_by_reset(&mut h);
     assert_eq!(restarts(&h), 1);
@@ -267,7 +267,7 @@ fn a_reset_no_witness_answers_is_a_new_restart() {
         let p = h.e.add_path(PathConfig::default(), Duration::ZERO);
         up(&mut h, p, 100 + i, Instance::Unknown);
     }
-    write(&mut h, 0, 4096, 1, 0);
+    write(&mut h, 0, 4096, 1, Flags::empty());
     answer_all(&mut h);
     restart_by_reset(&mut h);
     answer_all(&mut h);
@@ -313,7 +313,7 @@ fn a_loss_fails_every_flush_and_fua_write_until_cleared() {
     let p = h.e.add_path(PathConfig::default(), Duration::ZERO);
     up(&mut h, p, 100, Instance::Known(1));
     for i in 0..3 {
-        write(&mut h, i * 4096, 4096, 1, 0);
+        write(&mut h, i * 4096, 4096, 1, Flags::empty());
     }
     answer_all(&mut h);
     assert!(h.e.replay_report().overflowed);
@@ -325,9 +325,9 @@ fn a_loss_fails_every_flush_and_fua_write_until_cleared() {
     let mut failed = Vec::new();
     for _ in 0..3 {
         failed.push(h.submit(Op::Flush, 0, 0));
-        failed.push(write(&mut h, 0, 4096, 2, CmdFlags::FUA));
+        failed.push(write(&mut h, 0, 4096, 2, Flags::FUA));
     }
-    let plain = write(&mut h, 4096, 4096, 3, 0);
+    let plain = write(&mut h, 4096, 4096, 3, Flags::empty());
     answer_all(&mut h);
     for r in &failed {
         assert!(
@@ -347,7 +347,7 @@ fn a_loss_fails_every_flush_and_fua_write_until_cleared() {
 #[test]
 fn a_fence_of_a_target_that_restarted_is_not_waited_for() {
     let mut h = harness(2);
-    let w = write(&mut h, 0, 4096, 1, 0);
+    let w = write(&mut h, 0, 4096, 1, Flags::empty());
     let on = h.sent[0].path;
     h.sent.clear();
     h.e.path_failed(h.now, on, "reset");

@@ -3,9 +3,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use braid_block::{Error, ErrorKind, Flags};
 use braid_policy::{by_name, PolicyOptions};
 use braid_proto::braid_ns::ConnId;
-use braid_proto::{CmdFlags, Cookie, Errno};
+use braid_proto::Cookie;
 
 use super::*;
 
@@ -14,10 +15,10 @@ pub(crate) fn request(op: Op, offset: u64, len: u64) -> Submit {
     match op {
         Op::Write => Submit::write(
             offset,
-            CmdFlags(0),
+            Flags::empty(),
             Payload::new(bytes::Bytes::from(vec![0; len as usize])),
         ),
-        _ => Submit::new(op, offset, len, CmdFlags(0)),
+        _ => Submit::new(op, offset, len, Flags::empty()),
     }
 }
 
@@ -87,7 +88,7 @@ impl Harness {
             let outcome = if ok {
                 Ok(())
             } else {
-                Err((Errno::Io, "bad".into()))
+                Err(Error::new(ErrorKind::Io, "bad"))
             };
             self.e.reply(self.now, s.cookie, outcome);
         }
@@ -184,7 +185,11 @@ fn request_completes_once_all_chunks_have_with_the_first_error() {
     let r = h.submit(Op::Write, 0, 1 << 20);
     let sent = std::mem::take(&mut h.sent);
     assert!(sent.len() > 1);
-    h.e.reply(h.now, sent[0].cookie, Err((Errno::NoSpc, "full".into())));
+    h.e.reply(
+        h.now,
+        sent[0].cookie,
+        Err(Error::new(ErrorKind::NoSpace, "full")),
+    );
     h.pump();
     for s in &sent[1..sent.len() - 1] {
         h.e.reply(h.now, s.cookie, Ok(()));
@@ -196,7 +201,7 @@ fn request_completes_once_all_chunks_have_with_the_first_error() {
     assert!(matches!(
         h.done[&r],
         Err(IoError::Target {
-            errno: Errno::NoSpc,
+            kind: ErrorKind::NoSpace,
             ..
         })
     ));
@@ -256,13 +261,13 @@ fn silent_path_is_failed_after_its_timeout() {
 #[test]
 fn volume_counters_count_each_failed_request_once_by_kind() {
     let mut h = Harness::new("round-robin", 2, EngineConfig::default());
-    for errno in [Errno::NoSpc, Errno::Io] {
+    for kind in [ErrorKind::NoSpace, ErrorKind::Io] {
         h.submit(Op::Write, 0, 1 << 20);
         let sent = std::mem::take(&mut h.sent);
         assert!(sent.len() > 1, "the write is split over both paths");
         for s in &sent {
             // Every chunk fails: still one failed request.
-            h.e.reply(h.now, s.cookie, Err((errno, "no".into())));
+            h.e.reply(h.now, s.cookie, Err(Error::new(kind, "no")));
         }
         h.pump();
     }

@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use braid_proto::CmdFlags;
+use braid_block::Flags;
 use bytes::Bytes;
 
 use crate::api::Payload;
@@ -33,7 +33,7 @@ pub enum Extent {
     /// Written data.
     Data(Bytes),
     /// Zeroed (WRITE_ZEROES) with these flags (NO_HOLE, FAST_ZERO).
-    Zeroes { len: u64, flags: CmdFlags },
+    Zeroes { len: u64, flags: Flags },
     /// Trimmed: replayed as a trim, so a target that reads trimmed blocks
     /// as zeroes gives zeroes back.
     Trim { len: u64 },

@@ -1,6 +1,6 @@
 //! The replay window against byte-level models of what it must give back.
 
-use braid_proto::CmdFlags;
+use braid_block::Flags;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 
@@ -47,7 +47,7 @@ fn the_window_gives_back_exactly_the_newest_unflushed_bytes() {
                 model.fill(None);
             }
             2 => {
-                let flags = CmdFlags(CmdFlags::NO_HOLE);
+                let flags = Flags::NO_HOLE;
                 w.acked_extent(offset, Extent::Zeroes { len, flags }, fua);
                 model[range].fill((!fua).then_some(0));
             }
@@ -70,7 +70,7 @@ fn the_window_gives_back_exactly_the_newest_unflushed_bytes() {
                 got[at] = Some(match &e {
                     Extent::Data(d) => u16::from(d[i]),
                     Extent::Zeroes { flags, .. } => {
-                        assert_eq!(*flags, CmdFlags(CmdFlags::NO_HOLE), "flags kept");
+                        assert_eq!(*flags, Flags::NO_HOLE, "flags kept");
                         0
                     }
                     Extent::Trim { .. } => 1,

@@ -122,6 +122,38 @@ impl CmdFlags {
     pub fn fua(self) -> bool {
         self.has(Self::FUA)
     }
+
+    /// The one place neutral request flags become NBD's.
+    pub fn from_flags(f: braid_block::Flags) -> Self {
+        use braid_block::Flags as F;
+        let bits = [
+            (F::FUA, Self::FUA),
+            (F::NO_HOLE, Self::NO_HOLE),
+            (F::DONT_FRAGMENT, Self::DF),
+            (F::REQ_ONE, Self::REQ_ONE),
+            (F::FAST_ZERO, Self::FAST_ZERO),
+        ];
+        Self(
+            bits.iter()
+                .filter(|(n, _)| f.contains(*n))
+                .fold(0, |acc, (_, b)| acc | b),
+        )
+    }
+
+    /// NBD's flags as neutral ones (PAYLOAD_LEN only shapes the wire).
+    pub fn flags(self) -> braid_block::Flags {
+        use braid_block::Flags as F;
+        [
+            (Self::FUA, F::FUA),
+            (Self::NO_HOLE, F::NO_HOLE),
+            (Self::DF, F::DONT_FRAGMENT),
+            (Self::REQ_ONE, F::REQ_ONE),
+            (Self::FAST_ZERO, F::FAST_ZERO),
+        ]
+        .iter()
+        .filter(|(b, _)| self.has(*b))
+        .fold(F::empty(), |acc, (_, n)| acc.with(*n))
+    }
 }
 
 /// A transmission command. Unknown values are kept so the server can answer
@@ -140,6 +172,36 @@ pub enum Command {
 }
 
 impl Command {
+    /// The one place a neutral block operation becomes an NBD command.
+    pub fn from_op(op: braid_block::Op) -> Self {
+        use braid_block::Op;
+        match op {
+            Op::Read => Self::Read,
+            Op::Write => Self::Write,
+            Op::Flush => Self::Flush,
+            Op::Trim => Self::Trim,
+            Op::WriteZeroes => Self::WriteZeroes,
+            Op::Cache => Self::Cache,
+            Op::BlockStatus => Self::BlockStatus,
+        }
+    }
+
+    /// The neutral operation an NBD command is; `None` for a disconnect
+    /// or a command NBD does not define.
+    pub fn op(self) -> Option<braid_block::Op> {
+        use braid_block::Op;
+        Some(match self {
+            Self::Read => Op::Read,
+            Self::Write => Op::Write,
+            Self::Flush => Op::Flush,
+            Self::Trim => Op::Trim,
+            Self::WriteZeroes => Op::WriteZeroes,
+            Self::Cache => Op::Cache,
+            Self::BlockStatus => Op::BlockStatus,
+            Self::Disc | Self::Unknown(_) => return None,
+        })
+    }
+
     pub fn from_u16(value: u16) -> Self {
         match value {
             0 => Self::Read,
@@ -497,6 +559,26 @@ pub struct Cookie(pub u64);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn neutral_flags_and_nbd_flags_map_both_ways() {
+        use braid_block::Flags as F;
+        for f in [
+            F::FUA,
+            F::NO_HOLE,
+            F::DONT_FRAGMENT,
+            F::REQ_ONE,
+            F::FAST_ZERO,
+        ] {
+            assert_eq!(CmdFlags::from_flags(f).flags(), f);
+        }
+        let both = F::FUA.with(F::NO_HOLE);
+        assert_eq!(
+            CmdFlags::from_flags(both).0,
+            CmdFlags::FUA | CmdFlags::NO_HOLE
+        );
+        assert_eq!(CmdFlags(CmdFlags::PAYLOAD_LEN).flags(), F::empty());
+    }
 
     #[test]
     fn neutral_error_kinds_and_nbd_errors_map_both_ways() {

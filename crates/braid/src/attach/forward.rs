@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use braid_proto::{Command, Errno, Request, TransmissionFlags};
+use braid_proto::{Errno, Request, TransmissionFlags};
 use braid_target::{Forward, ForwardFuture, Forwarded};
 use bytes::Bytes;
 
-use braid_initiator::{Op, Volume};
+use braid_initiator::Volume;
 
 /// The volume as the target's forwarded storage.
 pub struct VolumeForward(pub Arc<Volume>);
@@ -60,22 +60,19 @@ impl Forward for VolumeForward {
         let vol = self.0.clone();
         let req = *req;
         Box::pin(async move {
-            let op = match req.command {
-                Command::Read => Op::Read,
-                Command::Write => Op::Write,
-                Command::Flush => Op::Flush,
-                Command::Trim => Op::Trim,
-                Command::WriteZeroes => Op::WriteZeroes,
-                Command::Cache => Op::Cache,
-                Command::BlockStatus => Op::BlockStatus,
-                Command::Disc | Command::Unknown(_) => {
-                    return Err((Errno::Inval, "not a forwarded command".into()))
-                }
+            let Some(op) = req.command.op() else {
+                return Err((Errno::Inval, "not a forwarded command".into()));
             };
             let done = vol
-                .submit(op, req.offset, u64::from(req.length), req.flags, payload)
+                .submit(
+                    op,
+                    req.offset,
+                    u64::from(req.length),
+                    req.flags.flags(),
+                    payload,
+                )
                 .await
-                .map_err(|e| (e.errno(), e.to_string()))?;
+                .map_err(|e| (Errno::from_kind(e.kind()), e.to_string()))?;
             Ok(Forwarded {
                 data: done.data,
                 extents: done

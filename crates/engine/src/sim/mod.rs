@@ -30,9 +30,10 @@ mod verify;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use braid_block::Flags;
 use braid_policy::{by_name, PolicyOptions, SplitRules};
 use braid_proto::braid_ns::ConnId;
-use braid_proto::{CmdFlags, Cookie};
+use braid_proto::Cookie;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -379,7 +380,7 @@ impl Sim {
             Op::Flush => (0, 0),
             _ => (block * BLOCK, blocks * BLOCK),
         };
-        let flags = CmdFlags(if fua { CmdFlags::FUA } else { 0 });
+        let flags = if fua { Flags::FUA } else { Flags::empty() };
         let mut writes = Vec::new();
         let submit = match op {
             Op::Write => {
@@ -476,7 +477,7 @@ impl Sim {
         self.wait_idle();
         let id = self
             .engine
-            .submit(self.now, Submit::new(Op::Flush, 0, 0, CmdFlags(0)));
+            .submit(self.now, Submit::new(Op::Flush, 0, 0, Flags::empty()));
         self.reqs.insert(
             id,
             Req {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use braid_proto::reply::BlockStatus;
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
-    ClientConfig, ClientEvent, ClientHandshake, ClientOutcome, CmdFlags, Command, Cookie, Errno,
+    ClientConfig, ClientEvent, ClientHandshake, ClientOutcome, CmdFlags, Command, Cookie,
     ProtoError, Request,
 };
 use bytes::{Bytes, BytesMut};
@@ -421,7 +421,7 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
                 let pos = prefix.position() as usize;
                 let rest = prefix.into_inner();
                 n.leftover = BytesMut::from(&rest[pos.min(rest.len())..]);
-                return result.map_err(|(errno, msg)| format!("{errno}: {msg}"));
+                return result.map_err(|e| e.to_string());
             }
         }
     };
@@ -433,7 +433,7 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
 
 struct ProbeSink {
     len: u32,
-    result: std::sync::Mutex<Option<Result<(), (Errno, String)>>>,
+    result: std::sync::Mutex<Option<Result<(), braid_block::Error>>>,
 }
 
 impl Sink for ProbeSink {
@@ -443,7 +443,7 @@ impl Sink for ProbeSink {
     fn data(&self, _: Cookie, _: Option<u64>, _: Bytes) {}
     fn hole(&self, _: Cookie, _: u64, _: u32) {}
     fn extents(&self, _: Cookie, _: BlockStatus) {}
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+    fn done(&self, cookie: Cookie, error: Option<braid_block::Error>) {
         if cookie == PROBE_COOKIE {
             *self.result.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(error.map_or(Ok(()), Err));

@@ -6,11 +6,12 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use braid_block::Error;
 use braid_proto::reply::{
     BlockStatus, ChunkHeader, ErrorChunk, OffsetData, OffsetHole, ReplyHeader,
 };
 use braid_proto::wire::{chunk_type, REQUEST_HEADER_LEN};
-use braid_proto::{CmdFlags, Command, Cookie, Errno, Request};
+use braid_proto::{CmdFlags, Command, Cookie, Request};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -37,7 +38,7 @@ pub trait Sink: Send + Sync + 'static {
     fn hole(&self, cookie: Cookie, offset: u64, len: u32);
     fn extents(&self, cookie: Cookie, status: BlockStatus);
     /// The reply is complete; `error` is the first error it carried.
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>);
+    fn done(&self, cookie: Cookie, error: Option<Error>);
     /// The connection failed; nothing more will come from it.
     fn lost(&self, reason: String);
 }
@@ -172,7 +173,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     // Bytes read past the handshake come first.
     let prefix = std::io::Cursor::new(leftover.freeze());
     let mut rd = BufReader::with_capacity(256 * 1024, prefix.chain(rd));
-    let mut errors: std::collections::HashMap<u64, (Errno, String)> = Default::default();
+    let mut errors: std::collections::HashMap<u64, Error> = Default::default();
     let reason = loop {
         match read_one(&mut rd, max_payload, sink.as_ref(), &mut errors).await {
             Ok(true) => {}
@@ -188,7 +189,7 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
     rd: &mut R,
     max_payload: u32,
     sink: &dyn Sink,
-    errors: &mut std::collections::HashMap<u64, (Errno, String)>,
+    errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
     let mut head = [0u8; 20];
     match rd.read_exact(&mut head[..4]).await {
@@ -205,7 +206,7 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
     match header {
         ReplyHeader::Simple(s) => {
             if let Some(errno) = s.errno() {
-                sink.done(s.cookie, Some((errno, format!("{errno}"))));
+                sink.done(s.cookie, Some(Error::new(errno.kind(), errno.name())));
                 return Ok(true);
             }
             match sink.read_len(s.cookie) {
@@ -231,7 +232,7 @@ async fn chunk<R: AsyncRead + Unpin>(
     rd: &mut R,
     c: &ChunkHeader,
     sink: &dyn Sink,
-    errors: &mut std::collections::HashMap<u64, (Errno, String)>,
+    errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
     match c.kind {
         chunk_type::NONE => {}
@@ -262,7 +263,9 @@ async fn chunk<R: AsyncRead + Unpin>(
             // Every other type passed `check` only as an error chunk.
             let p = read_bytes(rd, c.length as usize).await?;
             let e = ErrorChunk::decode(kind, &p).map_err(|e| format!("protocol: {e}"))?;
-            errors.entry(c.cookie.0).or_insert((e.error, e.message));
+            errors.entry(c.cookie.0).or_insert_with(|| {
+                Error::new(e.error.kind(), format!("{}: {}", e.error.name(), e.message))
+            });
         }
     }
     Ok(false)

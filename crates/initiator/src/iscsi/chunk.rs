@@ -3,7 +3,6 @@
 
 use braid_iscsi::initiator::cdb;
 use braid_iscsi::initiator::session::Command;
-use braid_proto::CmdFlags;
 use bytes::Bytes;
 
 use crate::engine::{Op, SendChunk};
@@ -20,7 +19,7 @@ pub(super) fn command(
     let bs = u64::from(block_size.max(1));
     let lba = s.offset / bs;
     let blocks = u32::try_from(u64::from(s.len) / bs).ok()?;
-    let fua = s.flags.0 & CmdFlags::FUA != 0;
+    let fua = s.flags.fua();
     let (cdb, read, write) = match s.op {
         Op::Read => (cdb::read16(lba, blocks), s.len, None),
         Op::Write => (cdb::write16(lba, blocks, fua), 0, Some(payload?)),

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use braid_block::Error;
 use braid_iscsi::initiator::sense::{Attention, Verdict};
 use braid_iscsi::initiator::session::{AsyncEvent, Command, Event, Outcome, Session, TaskFunction};
 use braid_iscsi::initiator::unit::AccessState;
@@ -21,7 +22,7 @@ use braid_iscsi::initiator::wire::{self, Parts};
 use braid_iscsi::initiator::LoggedIn;
 use braid_iscsi::pdu::Framer;
 use braid_iscsi::Digests;
-use braid_proto::{Cookie, Errno};
+use braid_proto::Cookie;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -39,7 +40,7 @@ pub trait Replies: Send + Sync + 'static {
     /// READ data of `cookie`'s chunk at absolute volume `offset`.
     fn data(&self, cookie: Cookie, offset: u64, data: Bytes);
     /// The chunk is done; `error` if it failed.
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>);
+    fn done(&self, cookie: Cookie, error: Option<Error>);
     /// The port cannot serve the unit now (ALUA): the chunk was not
     /// executed and goes to another path.
     fn elsewhere(&self, cookie: Cookie, state: AccessState);
@@ -103,7 +104,7 @@ struct Inner {
 /// What the reader does once the session's lock is released.
 enum Deferred {
     Data(Cookie, u64, Bytes),
-    Done(Cookie, Option<(Errno, String)>),
+    Done(Cookie, Option<Error>),
     Elsewhere(Cookie, AccessState),
     Attention(Attention),
     Again(Pending, Duration),
@@ -453,10 +454,7 @@ fn chunk_done(p: Pending, o: Outcome) -> Vec<Deferred> {
             out.push(Deferred::Done(p.cookie, None));
             out
         }
-        Next::Fail(kind, why) => vec![Deferred::Done(
-            p.cookie,
-            Some((Errno::from_kind(kind), why)),
-        )],
+        Next::Fail(kind, why) => vec![Deferred::Done(p.cookie, Some(Error::new(kind, why)))],
         Next::Again(delay, attention) => {
             let mut out: Vec<Deferred> = attention.into_iter().map(Deferred::Attention).collect();
             out.push(Deferred::Again(p, delay));

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use braid_block::{Error, ErrorKind, Flags};
 use braid_proto::reply::BlockStatus;
-use braid_proto::{CmdFlags, Cookie, Errno};
+use braid_proto::Cookie;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -192,7 +193,7 @@ fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
     for (off, b) in &done.data {
         if *off != at {
             return Err(IoError::Target {
-                errno: Errno::Io,
+                kind: ErrorKind::Io,
                 message: format!(
                     "server left bytes {at}..{off} of the read unanswered or answered twice"
                 ),
@@ -202,7 +203,7 @@ fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
     }
     if at != len {
         return Err(IoError::Target {
-            errno: Errno::Io,
+            kind: ErrorKind::Io,
             message: format!("server answered {at} of {len} bytes of a read"),
         });
     }
@@ -276,18 +277,13 @@ fn forget(p: &mut Pending, cookie: u64) {
 
 /// Hands the end of `cookie`'s reply to the engine and carries out what
 /// follows from it.
-pub(super) fn finish(
-    shared: &Arc<Shared>,
-    core: &mut Core,
-    cookie: Cookie,
-    error: Option<(Errno, String)>,
-) {
+pub(super) fn finish(shared: &Arc<Shared>, core: &mut Core, cookie: Cookie, error: Option<Error>) {
     let received = core.received.remove(&cookie.0).unwrap_or(0);
     let outcome = match (error, core.engine.chunk(cookie)) {
         (Some(e), _) => Err(e),
         (None, Some(c)) if c.op == Op::Read && c.req.is_some() && received != u64::from(c.len) => {
-            Err((
-                Errno::Io,
+            Err(Error::new(
+                ErrorKind::Io,
                 format!("server answered {received} of {} bytes", c.len),
             ))
         }
@@ -342,7 +338,7 @@ impl Sink for ConnSink {
         });
     }
 
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+    fn done(&self, cookie: Cookie, error: Option<Error>) {
         self.with_core(|shared, core| finish(shared, core, cookie, error));
     }
 
@@ -360,7 +356,7 @@ pub(crate) async fn submit(
     op: Op,
     offset: u64,
     len: u64,
-    flags: CmdFlags,
+    flags: Flags,
     write: Option<Bytes>,
 ) -> Result<Done, IoError> {
     let (tx, rx) = oneshot::channel();
@@ -393,7 +389,7 @@ pub(crate) async fn submit(
     }
     rx.await.unwrap_or_else(|_| {
         Err(IoError::Target {
-            errno: Errno::Io,
+            kind: ErrorKind::Io,
             message: "the volume was closed".into(),
         })
     })
@@ -446,7 +442,7 @@ mod tests {
                 );
             }
             while engine.poll_action().is_some() {}
-            let id = engine.submit(Duration::ZERO, Submit::new(Op::Read, offset, len, CmdFlags(0)));
+            let id = engine.submit(Duration::ZERO, Submit::new(Op::Read, offset, len, Flags::empty()));
             let mut sends = Vec::new();
             while let Some(a) = engine.poll_action() {
                 if let Action::Send(s) = a { sends.push(s) }

@@ -9,11 +9,12 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use braid_block::Error;
 use braid_iscsi::initiator::login::Isid;
 use braid_iscsi::initiator::sense::Attention;
 use braid_iscsi::initiator::unit::{AccessState, Identity};
 use braid_proto::braid_ns::ConnId;
-use braid_proto::{Cookie, Errno};
+use braid_proto::Cookie;
 use bytes::Bytes;
 use tracing::{info, warn};
 
@@ -283,7 +284,7 @@ impl iscsi::Replies for ConnSink {
         self.with_core(|_, core| place(core, cookie, Some(offset), data));
     }
 
-    fn done(&self, cookie: Cookie, error: Option<(Errno, String)>) {
+    fn done(&self, cookie: Cookie, error: Option<Error>) {
         self.with_core(|shared, core| finish(shared, core, cookie, error));
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use braid_proto::Request;
+use braid_proto::{CmdFlags, Command, Request};
 use bytes::Bytes;
 
 use crate::conn::{ConnHandle, Wire};
@@ -23,8 +23,8 @@ impl Link {
         match self {
             Self::Nbd(c) => c.send(
                 &Request {
-                    flags: s.flags,
-                    command: s.op.command(),
+                    flags: CmdFlags::from_flags(s.flags),
+                    command: Command::from_op(s.op),
                     cookie: s.cookie,
                     offset: s.offset,
                     length: s.len,

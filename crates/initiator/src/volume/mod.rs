@@ -32,9 +32,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use braid_block::{ErrorKind, Flags};
 use braid_policy::PolicyOptions;
 use braid_proto::reply::Extent;
-use braid_proto::{CmdFlags, Errno, TransmissionFlags};
+use braid_proto::TransmissionFlags;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -247,7 +248,7 @@ impl Volume {
         op: Op,
         offset: u64,
         len: u64,
-        flags: CmdFlags,
+        flags: Flags,
         write: Option<Bytes>,
     ) -> Result<Done, IoError> {
         let offered = match op {
@@ -259,7 +260,7 @@ impl Volume {
         };
         if !offered {
             return Err(IoError::Target {
-                errno: Errno::NotSup,
+                kind: ErrorKind::NotSupported,
                 message: format!("the target does not offer {op:?}"),
             });
         }
@@ -269,7 +270,7 @@ impl Volume {
                 Op::Read => return self.read_widened(offset, len, block).await,
                 Op::Write | Op::WriteZeroes | Op::Trim => {
                     return Err(IoError::Target {
-                        errno: Errno::Inval,
+                        kind: ErrorKind::Invalid,
                         message: format!(
                             "{len} bytes at {offset} are not whole {block}-byte blocks, the \
                              smallest the target writes"
@@ -291,7 +292,7 @@ impl Volume {
             Op::Read,
             start,
             end - start,
-            CmdFlags(0),
+            Flags::empty(),
             None,
         )
         .await?;
@@ -318,7 +319,7 @@ impl Volume {
     /// As [`Self::submit`].
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<(u64, Bytes)>, IoError> {
         Ok(self
-            .submit(Op::Read, offset, len, CmdFlags(0), None)
+            .submit(Op::Read, offset, len, Flags::empty(), None)
             .await?
             .data)
     }
@@ -329,7 +330,7 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
-        let flags = CmdFlags(if fua { CmdFlags::FUA } else { 0 });
+        let flags = if fua { Flags::FUA } else { Flags::empty() };
         let len = data.len() as u64;
         self.submit(Op::Write, offset, len, flags, Some(data))
             .await
@@ -342,7 +343,7 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn flush(&self) -> Result<(), IoError> {
-        self.submit(Op::Flush, 0, 0, CmdFlags(0), None)
+        self.submit(Op::Flush, 0, 0, Flags::empty(), None)
             .await
             .map(drop)
     }
@@ -353,7 +354,7 @@ impl Volume {
     ///
     /// As [`Self::submit`]; ENOTSUP when the target cannot write zeroes.
     pub async fn write_zeroes(&self, offset: u64, len: u64, trim: bool) -> Result<(), IoError> {
-        let flags = CmdFlags(if trim { 0 } else { CmdFlags::NO_HOLE });
+        let flags = if trim { Flags::empty() } else { Flags::NO_HOLE };
         self.submit(Op::WriteZeroes, offset, len, flags, None)
             .await
             .map(drop)
@@ -366,7 +367,7 @@ impl Volume {
     /// As [`Self::submit`].
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
         let done = self
-            .submit(Op::BlockStatus, offset, len, CmdFlags(0), None)
+            .submit(Op::BlockStatus, offset, len, Flags::empty(), None)
             .await?;
         Ok(done.status.into_iter().flat_map(|s| s.extents).collect())
     }
