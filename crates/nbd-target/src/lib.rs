@@ -7,25 +7,19 @@
 //! exports offer CAN_MULTI_CONN. Fencing (`x-braid:fence`) is answered from
 //! the connection [`registry::Registry`].
 
-pub mod access;
-pub mod backend;
 mod conn;
-pub mod export;
-pub mod forward;
 #[cfg(feature = "rbd")]
 pub mod gateway;
 mod hold;
-pub mod identity;
 pub mod iscsi;
 pub mod lineage;
-pub mod portal;
-pub mod rangelock;
 pub mod registry;
 mod server;
-pub mod source;
 pub mod stats;
 
-pub use conn::{ConnError, Limits};
-pub use export::{Export, Exports, PeerFence, Peers, Storage};
-pub use forward::{Forward, ForwardFuture, Forwarded};
+pub use braid_store::{access, backend, export, forward, identity, portal, rangelock, source};
+pub use braid_store::{
+    Export, Exports, Forward, ForwardFuture, Forwarded, Limits, PeerFence, Peers, Storage,
+};
+pub use conn::ConnError;
 pub use server::{StopHandle, Target};

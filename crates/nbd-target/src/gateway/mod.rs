@@ -37,6 +37,7 @@
 //! refuses to start beside another gateway, and others refuse to start
 //! beside it.
 
+mod backend;
 mod barrier;
 mod cache;
 mod fence;

@@ -15,7 +15,7 @@ use braid_proto::wire::state;
 
 use braid_pool::Buf;
 
-use super::{Backend, Caps, Done, Extent, ZeroError};
+use crate::backend::{Backend, Caps, Done, Extent, ZeroError};
 use crate::gateway::RbdVolume;
 
 /// BLOCK_STATUS looks at most this far per request: the spec lets a
