@@ -3,11 +3,12 @@
 //! forwarded to a multipath volume, the range lock writers share, volume
 //! identities, the portals a server listens on, and the limits it keeps.
 //!
-//! Every front end (NBD, iSCSI) serves the exports of this crate; none of
-//! it speaks a wire protocol of its own.
+//! Every front end (NBD, iSCSI) serves the exports of this crate, and runs
+//! its operations through the one [`exec`]utor.
 
 pub mod access;
 pub mod backend;
+pub mod exec;
 pub mod export;
 pub mod forward;
 pub mod identity;
