@@ -36,7 +36,7 @@ pub struct Gateway {
     #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
     settings: CephSettings,
     #[cfg(feature = "rbd")]
-    ceph: Option<Arc<braid_target::gateway::Ceph>>,
+    ceph: Option<Arc<braid_gateway::Ceph>>,
 }
 
 impl Gateway {
@@ -63,7 +63,7 @@ impl Gateway {
         read_only: bool,
         identity: Option<Uuid>,
     ) -> Result<Opened> {
-        use braid_target::gateway::{Ceph, GatewayOptions, RbdVolume};
+        use braid_gateway::{Ceph, GatewayOptions, RbdVolume};
         let ceph = match &self.ceph {
             Some(c) => c.clone(),
             None => {
@@ -133,8 +133,8 @@ impl Gateway {
 }
 
 #[cfg(feature = "rbd")]
-fn braid_rbd_options(s: &CephSettings) -> braid_target::gateway::ConnectOptions {
-    braid_target::gateway::ConnectOptions {
+fn braid_rbd_options(s: &CephSettings) -> braid_gateway::ConnectOptions {
+    braid_gateway::ConnectOptions {
         conf: s.conf.clone(),
         id: s.id.clone(),
         settings: Vec::new(),

@@ -8,15 +8,12 @@
 //! the connection [`registry::Registry`].
 
 mod conn;
-#[cfg(feature = "rbd")]
-pub mod gateway;
-mod hold;
-pub mod iscsi;
 pub mod lineage;
 pub mod registry;
 mod server;
 pub mod stats;
 
+use braid_store::hold;
 pub use braid_store::{access, backend, export, forward, identity, portal, rangelock, source};
 pub use braid_store::{
     Export, Exports, Forward, ForwardFuture, Forwarded, Limits, PeerFence, Peers, Storage,

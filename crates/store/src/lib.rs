@@ -11,6 +11,7 @@ pub mod backend;
 pub mod exec;
 pub mod export;
 pub mod forward;
+pub mod hold;
 pub mod identity;
 mod limits;
 pub mod portal;
@@ -20,3 +21,7 @@ pub mod source;
 pub use export::{Export, Exports, PeerFence, Peers, Storage};
 pub use forward::{Forward, ForwardFuture, Forwarded};
 pub use limits::Limits;
+
+/// Whether this build has the test hooks (`Registry::hold`,
+/// `RangeLock::pause`, the gateway's blocklist switch): only test builds.
+pub const TEST_HOOKS: bool = cfg!(feature = "test-hooks");

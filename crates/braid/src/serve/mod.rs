@@ -295,7 +295,7 @@ impl ServeConfig {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
             }
             Some(p) => crate::iscsi::iqn_prefix(&p).map_err(usage)?,
-            None => braid_target::iscsi::DEFAULT_IQN_PREFIX.to_owned(),
+            None => braid_iscsi_target::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
             http,
@@ -371,7 +371,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
-                let settings = braid_target::iscsi::IscsiConfig {
+                let settings = braid_iscsi_target::IscsiConfig {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     chap: cfg.iscsi_chap.clone(),
                     state_dir: Some(cfg.state_dir.clone()),

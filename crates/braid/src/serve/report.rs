@@ -42,7 +42,7 @@ pub(super) fn handler(
     registry: Arc<braid_target::registry::Registry>,
     exports: Arc<Exports>,
     portals: Vec<String>,
-    iscsi: Option<braid_target::iscsi::IscsiHandle>,
+    iscsi: Option<braid_iscsi_target::IscsiHandle>,
     rates: Arc<Mutex<Rates>>,
 ) -> control::Handler {
     use crate::ctl;

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use braid_iscsi_target::{IscsiConfig, IscsiHandle, IscsiServer};
 use braid_target::backend::FileBackend;
-use braid_target::iscsi::{IscsiConfig, IscsiHandle, IscsiServer};
 use braid_target::portal::Portal;
 use braid_target::{Export, Exports, Limits, Target};
 use tokio::sync::watch;

@@ -31,9 +31,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::export::{Export, Exports, Storage};
-use crate::hold::Hold;
-use crate::portal::Portal;
+use braid_store::export::{Export, Exports, Storage};
+use braid_store::hold::Hold;
+use braid_store::portal::Portal;
+use braid_store::{access, backend, export, hold};
 
 pub use ports::AluaError;
 
@@ -60,7 +61,7 @@ pub struct IscsiConfig {
     /// The server's limits: connections in total and per client address
     /// (NBD's and iSCSI's are counted apart), and the time a login has
     /// (the handshake timeout).
-    pub limits: crate::conn::Limits,
+    pub limits: braid_store::Limits,
     /// The process's instance, as NBD reports it (`x-braid:instance`),
     /// answered in VPD page 0xC0.
     pub instance: u128,
@@ -73,7 +74,7 @@ impl Default for IscsiConfig {
             chap: None,
             state_dir: None,
             write_cache: std::collections::HashSet::new(),
-            limits: crate::conn::Limits::default(),
+            limits: braid_store::Limits::default(),
             instance: uuid::Uuid::new_v4().as_u128(),
         }
     }
@@ -94,7 +95,7 @@ pub(crate) struct Shared {
     pub ports: ports::PortTable,
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
-    pub limits: crate::conn::Limits,
+    pub limits: braid_store::Limits,
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
     /// Connections open, by client address.
@@ -245,7 +246,7 @@ impl IscsiServer {
     ) -> io::Result<Self> {
         let mut listeners = Vec::new();
         for p in expand(portals)? {
-            let l = crate::portal::bind(&p)
+            let l = braid_store::portal::bind(&p)
                 .and_then(TcpListener::from_std)
                 .map_err(|e| io::Error::new(e.kind(), format!("iSCSI {e}")))?;
             listeners.push(l);

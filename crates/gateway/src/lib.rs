@@ -37,12 +37,14 @@
 //! refuses to start beside another gateway, and others refuse to start
 //! beside it.
 
-mod backend;
+#![cfg(feature = "rbd")]
+
 mod barrier;
 mod cache;
 mod fence;
 mod join;
 pub mod lease;
+mod rbd;
 mod volume;
 mod writes;
 
@@ -57,7 +59,8 @@ use tracing::{error, info, warn};
 pub use braid_rbd::ConnectOptions;
 pub use volume::RbdVolume;
 
-use crate::registry::Registry;
+use braid_store::{export, source};
+use braid_target::registry::{self, Registry};
 
 /// How `braid serve` reaches Ceph and behaves as a gateway.
 #[derive(Clone, Debug)]
