@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use braid_target::backend::Backend;
-use braid_target::source::RbdSpec;
-use braid_target::{Peers, Target};
+use braid_nbd_target::Target;
+use braid_store::backend::Backend;
+use braid_store::source::RbdSpec;
+use braid_store::Peers;
 use uuid::Uuid;
 
 /// `--ceph-conf`, `--ceph-id`, `--rbd-cache`, `--gateway-lease`.

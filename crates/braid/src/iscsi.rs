@@ -5,8 +5,8 @@
 use anyhow::{Context, Result};
 use braid_iscsi::scsi::AccessState;
 use braid_iscsi_target::{IscsiHandle, IscsiServer};
-use braid_target::portal::Portal;
-use braid_target::Target;
+use braid_nbd_target::Target;
+use braid_store::portal::Portal;
 use tracing::{info, warn};
 
 use crate::cli::UsageError;

@@ -59,8 +59,8 @@ use tracing::{error, info, warn};
 pub use braid_rbd::ConnectOptions;
 pub use volume::RbdVolume;
 
+use braid_nbd_target::registry::{self, Registry};
 use braid_store::{export, source};
-use braid_target::registry::{self, Registry};
 
 /// How `braid serve` reaches Ceph and behaves as a gateway.
 #[derive(Clone, Debug)]

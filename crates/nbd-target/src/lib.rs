@@ -1,4 +1,4 @@
-//! braid's NBD target: exports over backends, served on portals.
+//! braid's NBD server: the store's exports, served on portals.
 //!
 //! [`Target`] binds portals and accepts connections; each connection runs
 //! the `braid-proto` handshake and then a transmission loop that validates
@@ -13,10 +13,6 @@ pub mod registry;
 mod server;
 pub mod stats;
 
-use braid_store::hold;
-pub use braid_store::{access, backend, export, forward, identity, portal, rangelock, source};
-pub use braid_store::{
-    Export, Exports, Forward, ForwardFuture, Forwarded, Limits, PeerFence, Peers, Storage,
-};
+use braid_store::{backend, export, forward, hold, portal};
 pub use conn::ConnError;
 pub use server::{StopHandle, Target};

@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use braid_target::access::Network;
-use braid_target::identity::default_state_dir;
-use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
-use braid_target::source::{format_size, parse_size, ExportSpec, Source};
-use braid_target::{Limits, Target};
+use braid_nbd_target::Target;
+use braid_store::access::Network;
+use braid_store::identity::default_state_dir;
+use braid_store::portal::{self, ListenSpec, DEFAULT_PORT};
+use braid_store::source::{format_size, parse_size, ExportSpec, Source};
+use braid_store::Limits;
 use tracing::info;
 use uuid::Uuid;
 
@@ -76,7 +77,7 @@ impl ServeConfig {
             }
             let spec: ExportSpec = format!("{}={}", e.name, e.source)
                 .parse()
-                .map_err(|e: braid_target::source::SpecError| usage(e.0))?;
+                .map_err(|e: braid_store::source::SpecError| usage(e.0))?;
             args.exports.push(spec);
             if let Some(c) = &e.create {
                 create_per.insert(e.name.clone(), c.clone());
@@ -341,7 +342,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let exports = exports::open(&cfg, &mut gateway)?;
     // Durable before any connection id is issued under its tag, so that a
     // restart after a power cut still answers fences of this process.
-    let lineage = braid_target::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
+    let lineage = braid_nbd_target::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
         format!(
             "recording this server in {} (choose a writable --state-dir)",
             cfg.state_dir.display()
@@ -444,7 +445,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             // ran: flushed once more now that every connection is gone.
             let _ = task.await;
             for e in exports.iter() {
-                if let braid_target::Storage::Local(b) = &e.storage {
+                if let braid_store::Storage::Local(b) = &e.storage {
                     b.flush().context("flushing exports at exit")?;
                 }
             }

@@ -35,7 +35,7 @@ struct Answer {
 }
 
 /// A range of the export's writers held until dropped (see
-/// [`crate::rangelock::RangeLock::try_shared`]).
+/// [`braid_store::rangelock::RangeLock::try_shared`]).
 struct Held {
     export: Arc<Export>,
     id: u64,
