@@ -36,6 +36,16 @@ use braid_store::hold::Hold;
 use braid_store::portal::Portal;
 use braid_store::{access, backend, export, hold};
 
+/// What braid's iSCSI target serves: no TLS (CHAP authenticates but does
+/// not encrypt), no fencing across Ceph gateways yet, and only storage on
+/// this host.
+pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
+    protocol: "iSCSI",
+    tls: false,
+    fenced_across_gateways: false,
+    forwarded: false,
+};
+
 pub use ports::AluaError;
 
 /// Target names are this prefix and the export's name.
@@ -257,7 +267,7 @@ impl IscsiServer {
             .collect();
         let targets = exports
             .iter()
-            .filter(|e| matches!(e.storage, Storage::Local(_)))
+            .filter(|e| CAPABILITIES.forwarded || matches!(e.storage, Storage::Local(_)))
             .map(|e| {
                 let kept = |what: &str| {
                     cfg.state_dir

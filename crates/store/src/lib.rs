@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod backend;
+mod capabilities;
 pub mod exec;
 pub mod export;
 pub mod forward;
@@ -18,6 +19,7 @@ pub mod portal;
 pub mod rangelock;
 pub mod source;
 
+pub use capabilities::Capabilities;
 pub use export::{Export, Exports, PeerFence, Peers, Storage};
 pub use forward::{Forward, ForwardFuture, Forwarded};
 pub use limits::Limits;

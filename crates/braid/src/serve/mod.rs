@@ -247,13 +247,15 @@ impl ServeConfig {
             args.http_token.or(file.http_token).as_deref(),
         )?;
         let iscsi = args.iscsi.or(file.iscsi);
-        if iscsi.is_some() && tls.is_some() {
+        let iscsi_can = braid_iscsi_target::CAPABILITIES;
+        if iscsi.is_some() && tls.is_some() && !iscsi_can.tls {
             return Err(usage(
                 "--iscsi with --tls-cert: braid's iSCSI portals have no TLS (CHAP authenticates \
                  but does not encrypt), so they would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
             ));
         }
         if iscsi.is_some()
+            && !iscsi_can.fenced_across_gateways
             && args
                 .exports
                 .iter()
