@@ -139,17 +139,6 @@ where
     }
 }
 
-/// Starts `job`, a function of no arguments, where calls on `backend`
-/// belong, without waiting for it: inline when they cannot block,
-/// otherwise on a blocking thread.
-pub fn spawn_on_its_thread(backend: &dyn Backend, job: impl FnOnce() + Send + 'static) {
-    if backend.blocking() {
-        tokio::task::spawn_blocking(job);
-    } else {
-        job();
-    }
-}
-
 /// The one place a storage error becomes a block error: `what` at
 /// `offset` failed with `e`.
 pub fn error(what: &str, offset: u64, e: &io::Error) -> Error {
