@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use braid_initiator::Volume;
-use braid_target::StopHandle;
+use braid_nbd_target::StopHandle;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use braid_initiator::engine::Histogram;
 use braid_initiator::{Volume, VolumeReport};
-use braid_target::source::{format_size, parse_size};
+use braid_store::source::{format_size, parse_size};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 

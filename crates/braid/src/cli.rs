@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use braid_target::portal::ListenSpec;
-use braid_target::source::ExportSpec;
+use braid_store::portal::ListenSpec;
+use braid_store::source::ExportSpec;
 use clap::{Args, Parser, Subcommand};
 
 /// A mistake in how braid was called (exit code 2).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use braid_initiator::Volume;
 use braid_proto::wire::state;
-use braid_target::source::{format_size, parse_size};
+use braid_store::source::{format_size, parse_size};
 use sha2::{Digest, Sha256};
 use tokio::task::JoinSet;
 

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use braid_initiator::{NbdUri, Volume, VolumeConfig};
-use braid_target::backend::FileBackend;
-use braid_target::portal::Portal;
-use braid_target::source::{format_size, parse_size};
-use braid_target::{Export, Exports, Limits, Target};
+use braid_nbd_target::Target;
+use braid_store::backend::FileBackend;
+use braid_store::portal::Portal;
+use braid_store::source::{format_size, parse_size};
+use braid_store::{Export, Exports, Limits};
 use bytes::Bytes;
 use rand::RngCore;
 use sha2::{Digest, Sha256};

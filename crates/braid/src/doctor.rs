@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use anyhow::{Context, Result};
 use braid_doctor::{apply, render, ClientScope, ExportRef, Report, Root, ServeScope, Severity};
-use braid_target::portal::ListenSpec;
+use braid_store::portal::ListenSpec;
 
 use crate::cli::{DoctorArgs, Exit, UsageError};
 use crate::config::{self, AttachFile, ServeFile};
@@ -139,7 +139,7 @@ fn serve_scope(args: &DoctorArgs, root: &Root, file: Option<ConfigFile>) -> Resu
     }
     let mut portals: Vec<IpAddr> = Vec::new();
     if root.is_host() {
-        let resolved = braid_target::portal::resolve(&listen).map_err(usage)?;
+        let resolved = braid_store::portal::resolve(&listen).map_err(usage)?;
         portals.extend(resolved.portals.iter().map(|p| p.addr.ip()));
         if scope.exports.is_empty() && listen.is_empty() {
             let (exports, served) = running_serve()?;

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use braid_target::backend::Backend;
-use braid_target::source::RbdSpec;
-use braid_target::{Peers, Target};
+use braid_nbd_target::Target;
+use braid_store::backend::Backend;
+use braid_store::source::RbdSpec;
+use braid_store::Peers;
 use uuid::Uuid;
 
 /// `--ceph-conf`, `--ceph-id`, `--rbd-cache`, `--gateway-lease`.
@@ -36,7 +37,7 @@ pub struct Gateway {
     #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
     settings: CephSettings,
     #[cfg(feature = "rbd")]
-    ceph: Option<Arc<braid_target::gateway::Ceph>>,
+    ceph: Option<Arc<braid_gateway::Ceph>>,
 }
 
 impl Gateway {
@@ -63,7 +64,7 @@ impl Gateway {
         read_only: bool,
         identity: Option<Uuid>,
     ) -> Result<Opened> {
-        use braid_target::gateway::{Ceph, GatewayOptions, RbdVolume};
+        use braid_gateway::{Ceph, GatewayOptions, RbdVolume};
         let ceph = match &self.ceph {
             Some(c) => c.clone(),
             None => {
@@ -133,8 +134,8 @@ impl Gateway {
 }
 
 #[cfg(feature = "rbd")]
-fn braid_rbd_options(s: &CephSettings) -> braid_target::gateway::ConnectOptions {
-    braid_target::gateway::ConnectOptions {
+fn braid_rbd_options(s: &CephSettings) -> braid_gateway::ConnectOptions {
+    braid_gateway::ConnectOptions {
         conf: s.conf.clone(),
         id: s.id.clone(),
         settings: Vec::new(),

@@ -4,9 +4,9 @@
 
 use anyhow::{Context, Result};
 use braid_iscsi::scsi::AccessState;
-use braid_target::iscsi::{IscsiHandle, IscsiServer};
-use braid_target::portal::Portal;
-use braid_target::Target;
+use braid_iscsi_target::{IscsiHandle, IscsiServer};
+use braid_nbd_target::Target;
+use braid_store::portal::Portal;
 use tracing::{info, warn};
 
 use crate::cli::UsageError;
@@ -22,7 +22,7 @@ pub async fn start(
     target: &Target,
     portals: &[Portal],
     port: u16,
-    cfg: braid_target::iscsi::IscsiConfig,
+    cfg: braid_iscsi_target::IscsiConfig,
 ) -> Result<(tokio::task::JoinHandle<()>, IscsiHandle)> {
     let portals: Vec<Portal> = portals
         .iter()

@@ -21,7 +21,9 @@ pub fn init(verbose: u8, quiet: u8, quiet_target: bool) {
         } else {
             level
         };
-        EnvFilter::new(format!("{level},braid_target={target}"))
+        EnvFilter::new(format!(
+            "{level},braid_nbd_target={target},braid_iscsi_target={target},braid_gateway={target},braid_store={target}"
+        ))
     });
     tracing_subscriber::fmt()
         // A closed log pipe must not stop the server: the subscriber's own

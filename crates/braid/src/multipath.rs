@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use braid_initiator::{OpenError, Volume, VolumeConfig, VolumeReport, VolumeUri};
-use braid_target::source::format_size;
+use braid_store::source::format_size;
 
 use crate::cli::{MultipathArgs, UsageError};
 
@@ -63,7 +63,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
         return Err(usage("--connections-per-path must be at least 1"));
     }
     cfg.connections_per_path = Some(args.connections_per_path);
-    cfg.replay_window = braid_target::source::parse_size(&args.replay_window)
+    cfg.replay_window = braid_store::source::parse_size(&args.replay_window)
         .map_err(|e| usage(format!("--replay-window {:?}: {e}", args.replay_window)))?;
     cfg.no_path_timeout = match args.no_path_timeout.as_str() {
         "queue" => None,

@@ -47,7 +47,7 @@ impl Signals {
     /// Waits for SIGINT or SIGTERM, then stops `stop` (before logging, so
     /// a logging failure cannot keep braid running). SIGHUP, which would
     /// otherwise end the process, only says that nothing reloads here.
-    pub async fn stop_on_signal(mut self, stop: braid_target::StopHandle) {
+    pub async fn stop_on_signal(mut self, stop: braid_nbd_target::StopHandle) {
         let which = loop {
             match self.next().await {
                 Signal::Stop(which) => break which,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use braid_target::source::format_size;
+use braid_store::source::format_size;
 
 use crate::cli::{AluaArgs, ClearLossArgs, PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;

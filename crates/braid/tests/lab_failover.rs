@@ -17,10 +17,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use braid_lab::{Cut, Lab, LabConfig, Rate, Side};
-use braid_target::backend::FileBackend;
-use braid_target::portal::Portal;
-use braid_target::registry::Registry;
-use braid_target::{Export, Exports, Limits, StopHandle, Target};
+use braid_nbd_target::{StopHandle, Target};
+use braid_store::backend::FileBackend;
+use braid_store::portal::Portal;
+use braid_store::registry::Registry;
+use braid_store::{Export, Exports, Limits};
 use failkit::{block_data, Workload};
 use labkit::LabServe;
 

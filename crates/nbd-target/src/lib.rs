@@ -1,4 +1,4 @@
-//! braid's NBD target: exports over backends, served on portals.
+//! braid's NBD server: the store's exports, served on portals.
 //!
 //! [`Target`] binds portals and accepts connections; each connection runs
 //! the `braid-proto` handshake and then a transmission loop that validates
@@ -7,25 +7,9 @@
 //! exports offer CAN_MULTI_CONN. Fencing (`x-braid:fence`) is answered from
 //! the connection [`registry::Registry`].
 
-pub mod access;
-pub mod backend;
 mod conn;
-pub mod export;
-pub mod forward;
-#[cfg(feature = "rbd")]
-pub mod gateway;
-mod hold;
-pub mod identity;
-pub mod iscsi;
-pub mod lineage;
-pub mod portal;
-pub mod rangelock;
-pub mod registry;
 mod server;
-pub mod source;
-pub mod stats;
 
-pub use conn::{ConnError, Limits};
-pub use export::{Export, Exports, PeerFence, Peers, Storage};
-pub use forward::{Forward, ForwardFuture, Forwarded};
+use braid_store::{backend, export, forward, portal};
+pub use conn::ConnError;
 pub use server::{StopHandle, Target};

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use crate::conn::{self, ConnCtx, Limits};
 use crate::export::Exports;
 use crate::portal::{self, Portal};
-use crate::registry::Registry;
+use braid_store::registry::Registry;
 
 /// How long a stopping server waits for connections to finish their
 /// in-flight requests before it flushes and exits anyway.

@@ -3,7 +3,7 @@
 //!
 //! This crate does no I/O. It never opens a socket, spawns a task or reads
 //! the clock: bytes go in, bytes and events come out, and the drivers in
-//! `braid-target` and `braid-initiator` carry them out. That is what lets
+//! `braid-nbd-target` and `braid-initiator` carry them out. That is what lets
 //! every message be tested from byte vectors and every parser be fuzzed.
 //!
 //! The spec is `doc/proto.md` in the NetworkBlockDevice/nbd repository;

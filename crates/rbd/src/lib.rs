@@ -12,7 +12,7 @@
 //! call lives here, each with the invariant that makes it sound.
 //!
 //! Nothing here decides anything for braid: lease, fencing and gateway
-//! logic live in `braid-target`'s RBD backend.
+//! logic live in `braid-gateway`'s RBD backend.
 
 #[cfg(feature = "librbd")]
 mod config;

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use braid_target::source::format_size;
+use braid_store::source::format_size;
 
 use crate::attached::Attached;
 use crate::out::outln;

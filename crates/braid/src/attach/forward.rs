@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use braid_proto::{Errno, Request, TransmissionFlags};
-use braid_target::{Forward, ForwardFuture, Forwarded};
+use braid_store::{Forward, ForwardFuture, Forwarded};
 use bytes::Bytes;
 
 use braid_initiator::Volume;

@@ -17,8 +17,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
-use braid_target::portal::Portal;
-use braid_target::{Export, Exports, Limits, Storage, Target};
+use braid_nbd_target::Target;
+use braid_store::portal::Portal;
+use braid_store::{Export, Exports, Limits, Storage};
 use forward::VolumeForward;
 use tracing::{error, info, warn};
 
@@ -149,7 +150,7 @@ async fn attach(spec: &Spec) -> Result<Arc<Attached>> {
 async fn serve(
     spec: &Spec,
     vol: &Arc<braid_initiator::Volume>,
-) -> Result<(Target, braid_target::StopHandle)> {
+) -> Result<(Target, braid_nbd_target::StopHandle)> {
     let identity = vol
         .info()
         .identity

@@ -132,7 +132,7 @@ pub(super) fn specs(args: &AttachArgs, file: &AttachFile) -> Result<Vec<Spec>> {
                 s.name
             )));
         }
-        braid_target::source::check_export_name(&s.name).map_err(|e| usage(e.0))?;
+        braid_store::source::check_export_name(&s.name).map_err(|e| usage(e.0))?;
     }
     Ok(out)
 }

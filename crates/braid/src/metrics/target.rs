@@ -4,9 +4,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use braid_target::registry::Registry;
-use braid_target::stats::Totals;
-use braid_target::Exports;
+use braid_store::registry::Registry;
+use braid_store::stats::Totals;
+use braid_store::Exports;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use braid_console::model::{ConnView, ExportView, PortalView, ServeView};
 use braid_console::{Action, EventView, Snapshot, Source};
-use braid_target::registry::Registry;
-use braid_target::Exports;
+use braid_store::registry::Registry;
+use braid_store::Exports;
 use tokio::sync::broadcast;
 
 use crate::control;
@@ -296,8 +296,8 @@ impl Source for ServeSource {
 pub(super) async fn start(
     http: &crate::console::Http,
     cfg: &super::ServeConfig,
-    target: &braid_target::Target,
-    portals: &[braid_target::portal::Portal],
+    target: &braid_nbd_target::Target,
+    portals: &[braid_store::portal::Portal],
     handler: control::Handler,
 ) -> anyhow::Result<()> {
     let tls = match &cfg.tls {

@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use braid_target::backend::{Backend, FileBackend};
-use braid_target::identity::{IdentityStore, Want};
-use braid_target::source::{format_size, Source};
-use braid_target::{Export, Exports};
+use braid_store::backend::{Backend, FileBackend};
+use braid_store::identity::{IdentityStore, Want};
+use braid_store::source::{format_size, Source};
+use braid_store::{Export, Exports};
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -122,7 +122,7 @@ fn shared_with_other_hosts(
     read_only: bool,
     allowed: bool,
 ) -> Result<()> {
-    let fs = braid_target::backend::netfs::network_fs(path)
+    let fs = braid_store::backend::netfs::network_fs(path)
         .with_context(|| format!("export {export:?}: examining {}", path.display()))?;
     let Some(fs) = fs else { return Ok(()) };
     if read_only {

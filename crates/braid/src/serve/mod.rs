@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use braid_target::access::Network;
-use braid_target::identity::default_state_dir;
-use braid_target::portal::{self, ListenSpec, DEFAULT_PORT};
-use braid_target::source::{format_size, parse_size, ExportSpec, Source};
-use braid_target::{Limits, Target};
+use braid_nbd_target::Target;
+use braid_store::access::Network;
+use braid_store::identity::default_state_dir;
+use braid_store::portal::{self, ListenSpec, DEFAULT_PORT};
+use braid_store::source::{format_size, parse_size, ExportSpec, Source};
+use braid_store::Limits;
 use tracing::info;
 use uuid::Uuid;
 
@@ -76,7 +77,7 @@ impl ServeConfig {
             }
             let spec: ExportSpec = format!("{}={}", e.name, e.source)
                 .parse()
-                .map_err(|e: braid_target::source::SpecError| usage(e.0))?;
+                .map_err(|e: braid_store::source::SpecError| usage(e.0))?;
             args.exports.push(spec);
             if let Some(c) = &e.create {
                 create_per.insert(e.name.clone(), c.clone());
@@ -246,13 +247,15 @@ impl ServeConfig {
             args.http_token.or(file.http_token).as_deref(),
         )?;
         let iscsi = args.iscsi.or(file.iscsi);
-        if iscsi.is_some() && tls.is_some() {
+        let iscsi_can = braid_iscsi_target::CAPABILITIES;
+        if iscsi.is_some() && tls.is_some() && !iscsi_can.tls {
             return Err(usage(
                 "--iscsi with --tls-cert: braid's iSCSI portals have no TLS (CHAP authenticates \
                  but does not encrypt), so they would serve in the clear what NBD serves only over TLS; leave out --iscsi, or TLS",
             ));
         }
         if iscsi.is_some()
+            && !iscsi_can.fenced_across_gateways
             && args
                 .exports
                 .iter()
@@ -295,7 +298,7 @@ impl ServeConfig {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
             }
             Some(p) => crate::iscsi::iqn_prefix(&p).map_err(usage)?,
-            None => braid_target::iscsi::DEFAULT_IQN_PREFIX.to_owned(),
+            None => braid_iscsi_target::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
             http,
@@ -341,7 +344,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let exports = exports::open(&cfg, &mut gateway)?;
     // Durable before any connection id is issued under its tag, so that a
     // restart after a power cut still answers fences of this process.
-    let lineage = braid_target::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
+    let lineage = braid_store::lineage::Lineage::claim(&cfg.state_dir).with_context(|| {
         format!(
             "recording this server in {} (choose a writable --state-dir)",
             cfg.state_dir.display()
@@ -371,7 +374,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
-                let settings = braid_target::iscsi::IscsiConfig {
+                let settings = braid_iscsi_target::IscsiConfig {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     chap: cfg.iscsi_chap.clone(),
                     state_dir: Some(cfg.state_dir.clone()),
@@ -444,7 +447,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             // ran: flushed once more now that every connection is gone.
             let _ = task.await;
             for e in exports.iter() {
-                if let braid_target::Storage::Local(b) = &e.storage {
+                if let braid_store::Storage::Local(b) = &e.storage {
                     b.flush().context("flushing exports at exit")?;
                 }
             }

@@ -4,12 +4,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use braid_target::Exports;
+use braid_store::Exports;
 
 use crate::control;
 use crate::rates::{Counts, Rates};
 
-fn conn_counts(c: &braid_target::registry::Conn) -> Counts {
+fn conn_counts(c: &braid_store::registry::Conn) -> Counts {
     use std::sync::atomic::Ordering::Relaxed;
     Counts {
         read_bytes: c.stats.read_bytes.load(Relaxed),
@@ -20,7 +20,7 @@ fn conn_counts(c: &braid_target::registry::Conn) -> Counts {
 }
 
 pub(super) async fn sample(
-    registry: Arc<braid_target::registry::Registry>,
+    registry: Arc<braid_store::registry::Registry>,
     rates: Arc<Mutex<Rates>>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -39,10 +39,10 @@ pub(super) async fn sample(
 }
 
 pub(super) fn handler(
-    registry: Arc<braid_target::registry::Registry>,
+    registry: Arc<braid_store::registry::Registry>,
     exports: Arc<Exports>,
     portals: Vec<String>,
-    iscsi: Option<braid_target::iscsi::IscsiHandle>,
+    iscsi: Option<braid_iscsi_target::IscsiHandle>,
     rates: Arc<Mutex<Rates>>,
 ) -> control::Handler {
     use crate::ctl;

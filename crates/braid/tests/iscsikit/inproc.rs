@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use braid_target::backend::FileBackend;
-use braid_target::iscsi::{IscsiConfig, IscsiHandle, IscsiServer};
-use braid_target::portal::Portal;
-use braid_target::{Export, Exports, Limits, Target};
+use braid_iscsi_target::{IscsiConfig, IscsiHandle, IscsiServer};
+use braid_nbd_target::Target;
+use braid_store::backend::FileBackend;
+use braid_store::portal::Portal;
+use braid_store::{Export, Exports, Limits};
 use tokio::sync::watch;
 
 /// A server with one export, `vol` (16 MiB of memory), on the loopback
@@ -84,7 +85,7 @@ impl InProcess {
 
     /// Bytes of the volume, read from its backend directly.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        let braid_target::Storage::Local(b) = &self.export.storage else {
+        let braid_store::Storage::Local(b) = &self.export.storage else {
             unreachable!("a local export")
         };
         let mut buf = vec![0; len];

@@ -11,7 +11,7 @@ use tracing::warn;
 use super::writer::{Outgoing, Permits};
 use super::{execute, forwarded, Reader, Reply};
 use crate::export::Storage;
-use crate::registry::Conn;
+use braid_store::registry::Conn;
 
 impl Reader {
     pub(super) fn dispatch(&self, req: Request, payload: Option<Buf>, permits: Permits) {
@@ -117,14 +117,7 @@ impl Reader {
                     unreachable!("forwarded exports are dispatched above");
                 };
                 let started = std::time::Instant::now();
-                // Writes hold their range beside each other, but never
-                // while an iSCSI COMPARE AND WRITE holds it.
-                let _range = matches!(
-                    req.command,
-                    Command::Write | Command::WriteZeroes | Command::Trim
-                )
-                .then(|| export.writes.shared(req.offset, u64::from(req.length)));
-                let reply = execute::execute(backend, &style, &req, payload);
+                let reply = execute::execute(&export, backend, &style, &req, payload);
                 if reply.cut {
                     warn!(
                         "{} lost its storage (ESHUTDOWN): closing the connection unanswered \

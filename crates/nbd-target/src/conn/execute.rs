@@ -7,14 +7,16 @@
 use std::io;
 
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
-use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
-
 use std::sync::Arc;
 
+use braid_block::{Error, ErrorKind, Flags, Op};
 use braid_pool::{Buf, Pool};
+use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
+use braid_store::exec::{self, Data, Job};
 use bytes::Bytes;
 
-use crate::backend::{Backend, ZeroError};
+use crate::backend::Backend;
+use crate::export::Export;
 
 /// A reply ready for the wire: its pieces (headers and READ data) in
 /// order, so data is never copied into a header buffer; then, for replies
@@ -62,8 +64,8 @@ pub(crate) fn try_read_now(
     match backend.try_read_now(&mut buf, req.offset)? {
         Ok(()) => Some(read_reply(style, req.cookie, req.offset, buf)),
         Err(e) => {
-            let (errno, message) = io_error("read", req.offset, &e);
-            Some(error_reply(style, req.cookie, errno, &message))
+            let e = exec::error("read", req.offset, &e);
+            Some(error_reply(style, req.cookie, errno(e.kind), &e.message))
         }
     }
 }
@@ -100,6 +102,7 @@ fn zero_copy_read(backend: &Arc<dyn Backend>, style: &ReplyStyle, req: &Request)
 
 /// Performs `req` and returns its reply. `payload` is the WRITE data.
 pub(crate) fn execute(
+    export: &Export,
     backend: &Arc<dyn Backend>,
     style: &ReplyStyle,
     req: &Request,
@@ -108,56 +111,76 @@ pub(crate) fn execute(
     if let Some(reply) = zero_copy_read(backend, style, req) {
         return reply;
     }
-    let backend = backend.as_ref();
-    let fua = req.flags.fua();
-    let (offset, len) = (req.offset, u64::from(req.length));
-    let result: Result<Option<Reply>, (Errno, String)> = match req.command {
-        Command::Read => {
-            let mut buf = Pool::global().get(req.length as usize);
-            match backend.read_at(&mut buf, offset) {
-                Ok(()) => Ok(Some(read_reply(style, req.cookie, offset, buf))),
-                Err(e) => Err(io_error("read", offset, &e)),
-            }
-        }
-        Command::Write => {
-            let data: &[u8] = payload.as_deref().unwrap_or_default();
-            backend
-                .write_at(data, offset, fua)
-                .map(|()| None)
-                .map_err(|e| io_error("write", offset, &e))
-        }
-        Command::Flush => backend
-            .flush()
-            .map(|()| None)
-            .map_err(|e| io_error("flush", 0, &e)),
-        Command::Trim => backend
-            .trim(offset, len, fua)
-            .map(|()| None)
-            .map_err(|e| io_error("trim", offset, &e)),
-        Command::WriteZeroes => {
-            let may_trim = !req.flags.has(CmdFlags::NO_HOLE);
-            let fast = req.flags.has(CmdFlags::FAST_ZERO);
-            match backend.zero(offset, len, may_trim, fast, fua) {
-                Ok(()) => Ok(None),
-                Err(ZeroError::NotFast) => Err((
-                    Errno::NotSup,
-                    "fast zeroing is not possible here; write the zeroes instead".into(),
-                )),
-                Err(ZeroError::Io(e)) => Err(io_error("write zeroes", offset, &e)),
-            }
-        }
-        Command::Cache => backend
-            .cache(offset, len)
-            .map(|()| None)
-            .map_err(|e| io_error("cache", offset, &e)),
-        Command::BlockStatus => block_status(backend, style, req).map(Some),
+    let Some(job) = job(req) else {
         // DISC never gets here; unknown commands fail validation.
-        Command::Disc | Command::Unknown(_) => Err((Errno::Inval, "unknown command".into())),
+        return failed(
+            style,
+            req.cookie,
+            &Error::new(ErrorKind::Invalid, "unknown command"),
+        );
     };
-    match result {
-        Ok(Some(reply)) => reply,
-        Ok(None) => ok_reply(style, req.cookie),
-        Err(e) => failed(style, req.cookie, e),
+    let backend = backend.as_ref();
+    let result = match job.op {
+        Op::Read => {
+            let mut buf = Pool::global().get(req.length as usize);
+            exec::run(export, backend, job, Data::Read(&mut buf))
+                .map(|_| read_reply(style, req.cookie, req.offset, buf))
+        }
+        Op::Write => {
+            let data: &[u8] = payload.as_deref().unwrap_or_default();
+            exec::run(export, backend, job, Data::Write(data)).map(|_| ok_reply(style, req.cookie))
+        }
+        Op::BlockStatus => exec::run(export, backend, job, Data::None)
+            .map(|found| block_status_reply(style, req, &found)),
+        _ => exec::run(export, backend, job, Data::None).map(|_| ok_reply(style, req.cookie)),
+    };
+    result.unwrap_or_else(|e| failed(style, req.cookie, &e))
+}
+
+/// NBD's request as the executor's job: the one place NBD's commands and
+/// flags become block operations (`None` for a command that is none).
+pub(crate) fn job(req: &Request) -> Option<Job> {
+    let op = match req.command {
+        Command::Read => Op::Read,
+        Command::Write => Op::Write,
+        Command::Flush => Op::Flush,
+        Command::Trim => Op::Trim,
+        Command::WriteZeroes => Op::WriteZeroes,
+        Command::Cache => Op::Cache,
+        Command::BlockStatus => Op::BlockStatus,
+        Command::Disc | Command::Unknown(_) => return None,
+    };
+    let mut flags = Flags::empty();
+    for (nbd, block) in [
+        (CmdFlags::FUA, Flags::FUA),
+        (CmdFlags::NO_HOLE, Flags::NO_HOLE),
+        (CmdFlags::FAST_ZERO, Flags::FAST_ZERO),
+        (CmdFlags::DF, Flags::DONT_FRAGMENT),
+        (CmdFlags::REQ_ONE, Flags::REQ_ONE),
+    ] {
+        if req.flags.has(nbd) {
+            flags = flags.with(block);
+        }
+    }
+    Some(Job {
+        op,
+        offset: req.offset,
+        len: u64::from(req.length),
+        flags,
+    })
+}
+
+/// The one place a block error becomes NBD's errno.
+pub(crate) fn errno(kind: ErrorKind) -> Errno {
+    match kind {
+        ErrorKind::NoSpace => Errno::NoSpc,
+        ErrorKind::ReadOnly => Errno::Perm,
+        ErrorKind::Invalid => Errno::Inval,
+        ErrorKind::OutOfRange => Errno::Overflow,
+        ErrorKind::NotSupported => Errno::NotSup,
+        ErrorKind::ShuttingDown => Errno::Shutdown,
+        ErrorKind::NoMemory => Errno::NoMem,
+        _ => Errno::Io,
     }
 }
 
@@ -171,28 +194,23 @@ pub(crate) fn data_reply(
     match (req.command, result) {
         (Command::Read, Ok(())) => read_reply(style, req.cookie, req.offset, data),
         (_, Ok(())) => ok_reply(style, req.cookie),
-        (Command::Read, Err(e)) => failed(style, req.cookie, io_error("read", req.offset, &e)),
-        (_, Err(e)) => failed(style, req.cookie, io_error("write", req.offset, &e)),
+        (Command::Read, Err(e)) => failed(style, req.cookie, &exec::error("read", req.offset, &e)),
+        (_, Err(e)) => failed(style, req.cookie, &exec::error("write", req.offset, &e)),
     }
 }
 
-fn failed(style: &ReplyStyle, cookie: Cookie, (errno, message): (Errno, String)) -> Reply {
-    match errno {
-        // See `Backend`: ESHUTDOWN means this server may no longer use the
-        // storage; the client must fence this connection and go elsewhere.
-        Errno::Shutdown => Reply {
+fn failed(style: &ReplyStyle, cookie: Cookie, e: &Error) -> Reply {
+    match e.kind {
+        // See `Backend`: the storage is lost to this server; the client
+        // must fence this connection and go elsewhere.
+        ErrorKind::ShuttingDown => Reply {
             parts: Vec::new(),
             file: None,
             ok: false,
             cut: true,
         },
-        _ => error_reply(style, cookie, errno, &message),
+        kind => error_reply(style, cookie, errno(kind), &e.message),
     }
-}
-
-fn io_error(what: &str, offset: u64, e: &io::Error) -> (Errno, String) {
-    let errno = e.raw_os_error().map_or(Errno::Io, Errno::from_os);
-    (errno, format!("{what} at offset {offset}: {e}"))
 }
 
 fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Reply {
@@ -251,25 +269,6 @@ pub(crate) fn error_reply(
         ok: false,
         cut: false,
     }
-}
-
-fn block_status(
-    backend: &dyn Backend,
-    style: &ReplyStyle,
-    req: &Request,
-) -> Result<Reply, (Errno, String)> {
-    let len = u64::from(req.length);
-    if len == 0 {
-        return Err((Errno::Inval, "block status of length 0".into()));
-    }
-    let found = if backend.caps().extents {
-        backend
-            .extents(req.offset, len)
-            .map_err(|e| io_error("block status", req.offset, &e))?
-    } else {
-        Vec::new()
-    };
-    Ok(block_status_reply(style, req, &found))
 }
 
 /// Encodes a BLOCK_STATUS reply: one chunk per selected context, the
@@ -343,7 +342,7 @@ fn clamp(found: &[crate::backend::Extent], len: u64) -> Vec<WireExtent> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{Extent, FileBackend};
+    use crate::backend::{Extent, FileBackend, ZeroError};
     use braid_proto::reply::ReplyHeader;
     use braid_proto::wire::state;
 
@@ -351,6 +350,10 @@ mod tests {
         let mut b = Pool::global().get(data.len());
         b.copy_from_slice(data);
         b
+    }
+
+    fn export(b: &Arc<dyn Backend>) -> Export {
+        Export::local("t", "", b.clone(), false, uuid::Uuid::nil())
     }
 
     fn style(structured: bool, contexts: Vec<SelectedContext>) -> ReplyStyle {
@@ -422,9 +425,15 @@ mod tests {
         let m: Arc<dyn Backend> = Arc::new(FileBackend::memory(1 << 20).unwrap());
         for structured in [true, false] {
             let s = style(structured, vec![]);
-            let w = execute(&m, &s, &req(Command::Write, 5, 3, 0), Some(pooled(b"abc")));
+            let w = execute(
+                &export(&m),
+                &m,
+                &s,
+                &req(Command::Write, 5, 3, 0),
+                Some(pooled(b"abc")),
+            );
             assert_eq!(w.parts.len(), 1);
-            let r = execute(&m, &s, &req(Command::Read, 4, 5, 0), None);
+            let r = execute(&export(&m), &m, &s, &req(Command::Read, 4, 5, 0), None);
             assert_eq!(&r.parts[1][..], &b"\0abc\0"[..]);
             match ReplyHeader::decode(&r.parts[0]).unwrap() {
                 ReplyHeader::Chunk(c) => {
@@ -457,6 +466,7 @@ mod tests {
             },
         ];
         let r = execute(
+            &export(&m),
             &m,
             &style(true, ctxs),
             &req(Command::BlockStatus, 0, 1 << 20, 0),
@@ -521,6 +531,7 @@ mod tests {
         }
         let b: Arc<dyn Backend> = Arc::new(Slow(FileBackend::memory(100).unwrap()));
         let r = execute(
+            &export(&b),
             &b,
             &style(false, vec![]),
             &req(Command::WriteZeroes, 0, 10, CmdFlags::FAST_ZERO),

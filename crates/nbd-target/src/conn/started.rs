@@ -24,7 +24,7 @@ use super::writer::{Outgoing, Permits};
 use super::Reader;
 use crate::backend::{Backend, Done};
 use crate::export::Export;
-use crate::registry::Conn;
+use braid_store::registry::Conn;
 
 /// What a started request needs to answer from another thread.
 struct Answer {
@@ -35,7 +35,7 @@ struct Answer {
 }
 
 /// A range of the export's writers held until dropped (see
-/// [`crate::rangelock::RangeLock::try_shared`]).
+/// [`braid_store::rangelock::RangeLock::try_shared`]).
 struct Held {
     export: Arc<Export>,
     id: u64,

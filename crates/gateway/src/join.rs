@@ -109,7 +109,7 @@ fn next(count: &[u8]) -> Vec<u8> {
 /// yet written) waits while PATH exists (at most two minutes), so that a
 /// test can start two joins at once, or fence while one is under way.
 fn pause_for_tests() {
-    if !cfg!(feature = "test-hooks") {
+    if !braid_store::TEST_HOOKS {
         return;
     }
     let Some(path) = std::env::var_os("BRAID_TEST_JOIN_PAUSE").map(std::path::PathBuf::from) else {

@@ -109,7 +109,7 @@ pub(crate) fn holding_for_tests() -> bool {
 }
 
 fn held_path() -> Option<std::path::PathBuf> {
-    if !cfg!(feature = "test-hooks") {
+    if !braid_store::TEST_HOOKS {
         return None;
     }
     let path = std::path::PathBuf::from(std::env::var_os("BRAID_TEST_HOLD_RBD_WRITES")?);

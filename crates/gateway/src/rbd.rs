@@ -15,8 +15,8 @@ use braid_proto::wire::state;
 
 use braid_pool::Buf;
 
-use super::{Backend, Caps, Done, Extent, ZeroError};
-use crate::gateway::RbdVolume;
+use crate::RbdVolume;
+use braid_store::backend::{Backend, Caps, Done, Extent, ZeroError};
 
 /// BLOCK_STATUS looks at most this far per request: the spec lets a
 /// server answer less than asked, and without an object map every 4 MiB

@@ -9,25 +9,40 @@
 
 use std::sync::Arc;
 
+use braid_block::{Error, Flags, Op};
 use braid_iscsi::scsi::cdb::unmap_ranges;
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::{check_range, Command, Sense};
+use braid_store::exec::{self, run_on_its_thread as call, Data, Job};
 
 use super::unit::{backend, transfer_len, Outcome, BLOCK};
-use crate::backend::Backend;
+use crate::backend::{Backend, Extent};
 use crate::export::Export;
 
-/// Runs a blocking backend call off the async threads when it may block.
-async fn call<T: Send + 'static>(
-    b: Arc<dyn Backend>,
-    f: impl FnOnce(&dyn Backend) -> T + Send + 'static,
-) -> T {
-    if b.blocking() {
-        tokio::task::spawn_blocking(move || f(b.as_ref()))
-            .await
-            .expect("backend call panicked")
+/// The one place a block error becomes SCSI sense: whatever its kind, a
+/// medium error in the direction the command moved data (what initiators
+/// have always been told here); the words go to the log.
+fn sense(e: &Error, write: bool) -> Sense {
+    tracing::debug!(kind = %e.kind, "iSCSI command failed: {}", e.message);
+    if write {
+        Sense::WRITE_ERROR
     } else {
-        f(b.as_ref())
+        Sense::READ_ERROR
+    }
+}
+
+/// A compound command's storage error (`what` at `offset`) as its sense.
+fn failed(what: &'static str, offset: u64, write: bool) -> impl Fn(std::io::Error) -> Sense {
+    move |e| sense(&exec::error(what, offset, &e), write)
+}
+
+/// A job whose writes are on stable storage before it ends when `durable`.
+fn job(op: Op, offset: u64, len: u64, durable: bool) -> Job {
+    let job = Job::new(op, offset, len);
+    if durable {
+        job.with(Flags::FUA)
+    } else {
+        job
     }
 }
 
@@ -55,12 +70,13 @@ pub async fn execute(
                 let offset = bytes(lba);
                 let r = call(b, move |b| {
                     let mut buf = vec![0u8; len as usize];
-                    b.read_at(&mut buf, offset).map(|()| buf)
+                    let read = Job::new(Op::Read, offset, u64::from(len));
+                    exec::run(&e, b, read, Data::Read(&mut buf)).map(|_| buf)
                 })
                 .await;
                 match r {
                     Ok(buf) => Outcome::Good(buf),
-                    Err(_) => Outcome::Check(Sense::READ_ERROR),
+                    Err(e) => Outcome::Check(sense(&e, false)),
                 }
             }
         },
@@ -75,21 +91,24 @@ pub async fn execute(
                 Ok(_) => {
                     let offset = bytes(lba);
                     let r = call(b, move |b| {
-                        let _range = e.writes.shared(offset, data.len() as u64);
-                        b.write_at(&data, offset, fua)
+                        let write = job(Op::Write, offset, data.len() as u64, fua);
+                        exec::run(&e, b, write, Data::Write(&data))
                     })
                     .await;
                     match r {
-                        Ok(()) => Outcome::Good(Vec::new()),
-                        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+                        Ok(_) => Outcome::Good(Vec::new()),
+                        Err(e) => Outcome::Check(sense(&e, true)),
                     }
                 }
             }
         }
-        Command::SynchronizeCache { .. } => match call(b, |b| b.flush()).await {
-            Ok(()) => Outcome::Good(Vec::new()),
-            Err(_) => Outcome::Check(Sense::WRITE_ERROR),
-        },
+        Command::SynchronizeCache { .. } => {
+            let flush = Job::new(Op::Flush, 0, 0);
+            match call(b, move |b| exec::run(&e, b, flush, Data::None)).await {
+                Ok(_) => Outcome::Good(Vec::new()),
+                Err(e) => Outcome::Check(sense(&e, true)),
+            }
+        }
         Command::WriteSame {
             lba,
             blocks,
@@ -119,23 +138,22 @@ pub async fn execute(
             // Write-through: the holes are made stable once, after all.
             let durable = !write_cache;
             let done = call(b, move |b| {
-                ranges.iter().try_for_each(|r| {
-                    let (offset, len) = (bytes(r.lba), bytes(r.blocks));
-                    let _range = e.writes.shared(offset, len);
-                    b.trim(offset, len, false)
-                })?;
-                if durable {
-                    b.flush()?;
+                for r in &ranges {
+                    let trim = Job::new(Op::Trim, bytes(r.lba), bytes(r.blocks));
+                    exec::run(&e, b, trim, Data::None)?;
                 }
-                Ok::<_, std::io::Error>(())
+                if durable {
+                    exec::run(&e, b, Job::new(Op::Flush, 0, 0), Data::None)?;
+                }
+                Ok::<_, Error>(())
             })
             .await;
             match done {
                 Ok(()) => Outcome::Good(Vec::new()),
-                Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+                Err(e) => Outcome::Check(sense(&e, true)),
             }
         }
-        Command::GetLbaStatus { lba, alloc } => lba_status(b, unit, lba, alloc).await,
+        Command::GetLbaStatus { lba, alloc } => lba_status(b, e, unit, lba, alloc).await,
         Command::CompareAndWrite { lba, blocks, fua } => {
             let fua = fua || !write_cache;
             compare_and_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
@@ -144,7 +162,7 @@ pub async fn execute(
             lba,
             blocks,
             bytchk,
-        } => verify(b, unit, lba, blocks, bytchk, data).await,
+        } => verify(b, e, unit, lba, blocks, bytchk, data).await,
         Command::OrWrite { lba, blocks, fua } => {
             let fua = fua || !write_cache;
             or_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
@@ -212,25 +230,39 @@ async fn write_same(
     let trim = unmap && unit.thin;
     let zero = trim || block.iter().all(|&b| b == 0);
     let r = call(b, move |b| {
-        let _range = e.writes.shared(offset, len);
         if zero {
-            b.zero(offset, len, trim, false, durable).map_err(|_| ())
+            let mut zeroes = job(Op::WriteZeroes, offset, len, durable);
+            if !trim {
+                zeroes = zeroes.with(Flags::NO_HOLE);
+            }
+            exec::run(&e, b, zeroes, Data::None)
         } else {
             let mut buf = Vec::with_capacity(len as usize);
             for _ in 0..blocks {
                 buf.extend_from_slice(&block);
             }
-            b.write_at(&buf, offset, durable).map_err(|_| ())
+            exec::run(
+                &e,
+                b,
+                job(Op::Write, offset, len, durable),
+                Data::Write(&buf),
+            )
         }
     })
     .await;
     match r {
-        Ok(()) => Outcome::Good(Vec::new()),
-        Err(()) => Outcome::Check(Sense::WRITE_ERROR),
+        Ok(_) => Outcome::Good(Vec::new()),
+        Err(e) => Outcome::Check(sense(&e, true)),
     }
 }
 
-async fn lba_status(b: Arc<dyn Backend>, unit: &Unit, lba: u64, alloc: u32) -> Outcome {
+async fn lba_status(
+    b: Arc<dyn Backend>,
+    e: Arc<Export>,
+    unit: &Unit,
+    lba: u64,
+    alloc: u32,
+) -> Outcome {
     if lba >= unit.blocks {
         return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
     }
@@ -238,8 +270,16 @@ async fn lba_status(b: Arc<dyn Backend>, unit: &Unit, lba: u64, alloc: u32) -> O
     // One answer covers at most 1 GiB; initiators ask again from where it
     // ends.
     let span = bytes((unit.blocks - lba).min(1 << 21));
-    match call(b, move |b| b.extents(offset, span)).await {
-        Ok(extents) => {
+    let status = Job::new(Op::BlockStatus, offset, span);
+    match call(b, move |b| exec::run(&e, b, status, Data::None)).await {
+        Ok(mut extents) => {
+            if extents.is_empty() {
+                // Storage that cannot tell holes from data: all mapped.
+                extents.push(Extent {
+                    len: span,
+                    flags: 0,
+                });
+            }
             let mut runs = Vec::new();
             let mut at = offset;
             let end = offset + span;
@@ -258,7 +298,7 @@ async fn lba_status(b: Arc<dyn Backend>, unit: &Unit, lba: u64, alloc: u32) -> O
             }
             Outcome::Good(respond::lba_status(&runs, alloc))
         }
-        Err(_) => Outcome::Check(Sense::READ_ERROR),
+        Err(e) => Outcome::Check(sense(&e, false)),
     }
 }
 
@@ -293,12 +333,13 @@ async fn or_write(
         };
         let _range = e.writes.exclusive(offset, data.len() as u64);
         let mut now = vec![0u8; data.len()];
-        b.read_at(&mut now, offset).map_err(|_| Sense::READ_ERROR)?;
+        b.read_at(&mut now, offset)
+            .map_err(failed("read", offset, false))?;
         for (n, d) in now.iter_mut().zip(&data) {
             *n |= d;
         }
         b.write_at(&now, offset, fua)
-            .map_err(|_| Sense::WRITE_ERROR)
+            .map_err(failed("write", offset, true))
     })
     .await
     .expect("ORWRITE panicked");
@@ -364,7 +405,7 @@ async fn compare_and_write(
     match r {
         Ok(Compared::Written) => Outcome::Good(Vec::new()),
         Ok(Compared::Differs(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
-        Err(_) => Outcome::Check(Sense::WRITE_ERROR),
+        Err(e) => Outcome::Check(failed("compare and write", offset, true)(e)),
     }
 }
 
@@ -386,6 +427,7 @@ fn first_difference(medium: &[u8], sent: &[u8]) -> Option<usize> {
 /// byte that differed.
 async fn verify(
     b: Arc<dyn Backend>,
+    e: Arc<Export>,
     unit: &Unit,
     lba: u64,
     blocks: u32,
@@ -411,14 +453,14 @@ async fn verify(
     let offset = bytes(lba);
     let r = call(b, move |b| {
         let mut now = vec![0u8; len];
-        b.read_at(&mut now, offset)
-            .map(|()| first_difference(&now, &sent))
+        let read = Job::new(Op::Read, offset, len as u64);
+        exec::run(&e, b, read, Data::Read(&mut now)).map(|_| first_difference(&now, &sent))
     })
     .await;
     match r {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
-        Err(_) => Outcome::Check(Sense::READ_ERROR),
+        Err(e) => Outcome::Check(sense(&e, false)),
     }
 }
 
@@ -443,10 +485,10 @@ async fn write_and_verify(
     let r = call(b, move |b| {
         let _range = e.writes.shared(offset, data.len() as u64);
         b.write_at(&data, offset, true)
-            .map_err(|_| Sense::WRITE_ERROR)?;
+            .map_err(failed("write", offset, true))?;
         let mut back = vec![0u8; data.len()];
         b.read_at(&mut back, offset)
-            .map_err(|_| Sense::READ_ERROR)?;
+            .map_err(failed("read", offset, false))?;
         Ok::<_, Sense>(first_difference(&back, &data))
     })
     .await;

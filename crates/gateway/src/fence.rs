@@ -118,5 +118,5 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
 /// `test-hooks` feature, fences skip the blocklist (to show a test that
 /// the stale write then lands).
 fn skip_blocklist_for_tests() -> bool {
-    cfg!(feature = "test-hooks") && std::env::var_os("BRAID_DANGER_NO_BLOCKLIST").is_some()
+    braid_store::TEST_HOOKS && std::env::var_os("BRAID_DANGER_NO_BLOCKLIST").is_some()
 }

@@ -10,8 +10,6 @@ mod durable;
 mod file;
 mod lock;
 pub mod netfs;
-#[cfg(feature = "rbd")]
-mod rbd;
 
 use std::io;
 

@@ -85,7 +85,7 @@ impl Conn {
         self.inflight.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn begin(&self) {
+    pub fn begin(&self) {
         // Sequentially consistent with the fence's store of `fenced` and its
         // read of `inflight`: a request beginning while a fence starts then
         // either sees the fence (and is dropped) or is seen by its drain
@@ -95,14 +95,14 @@ impl Conn {
         self.inflight.fetch_add(1, Ordering::SeqCst);
     }
 
-    pub(crate) fn end(&self) {
+    pub fn end(&self) {
         if self.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.drained.notify_waiters();
         }
     }
 
     /// Registers a task to abort when the connection is fenced.
-    pub(crate) fn own(&self, handle: AbortHandle) {
+    pub fn own(&self, handle: AbortHandle) {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         if self.fenced() {
             handle.abort();

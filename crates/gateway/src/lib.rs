@@ -37,11 +37,14 @@
 //! refuses to start beside another gateway, and others refuse to start
 //! beside it.
 
+#![cfg(feature = "rbd")]
+
 mod barrier;
 mod cache;
 mod fence;
 mod join;
 pub mod lease;
+mod rbd;
 mod volume;
 mod writes;
 
@@ -56,7 +59,8 @@ use tracing::{error, info, warn};
 pub use braid_rbd::ConnectOptions;
 pub use volume::RbdVolume;
 
-use crate::registry::Registry;
+use braid_store::registry::{self, Registry};
+use braid_store::{export, source};
 
 /// How `braid serve` reaches Ceph and behaves as a gateway.
 #[derive(Clone, Debug)]

@@ -31,9 +31,20 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use crate::export::{Export, Exports, Storage};
-use crate::hold::Hold;
-use crate::portal::Portal;
+use braid_store::export::{Export, Exports, Storage};
+use braid_store::hold::Hold;
+use braid_store::portal::Portal;
+use braid_store::{access, backend, export, hold};
+
+/// What braid's iSCSI target serves: no TLS (CHAP authenticates but does
+/// not encrypt), no fencing across Ceph gateways yet, and only storage on
+/// this host.
+pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
+    protocol: "iSCSI",
+    tls: false,
+    fenced_across_gateways: false,
+    forwarded: false,
+};
 
 pub use ports::AluaError;
 
@@ -60,7 +71,7 @@ pub struct IscsiConfig {
     /// The server's limits: connections in total and per client address
     /// (NBD's and iSCSI's are counted apart), and the time a login has
     /// (the handshake timeout).
-    pub limits: crate::conn::Limits,
+    pub limits: braid_store::Limits,
     /// The process's instance, as NBD reports it (`x-braid:instance`),
     /// answered in VPD page 0xC0.
     pub instance: u128,
@@ -73,7 +84,7 @@ impl Default for IscsiConfig {
             chap: None,
             state_dir: None,
             write_cache: std::collections::HashSet::new(),
-            limits: crate::conn::Limits::default(),
+            limits: braid_store::Limits::default(),
             instance: uuid::Uuid::new_v4().as_u128(),
         }
     }
@@ -94,7 +105,7 @@ pub(crate) struct Shared {
     pub ports: ports::PortTable,
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
-    pub limits: crate::conn::Limits,
+    pub limits: braid_store::Limits,
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
     /// Connections open, by client address.
@@ -245,7 +256,7 @@ impl IscsiServer {
     ) -> io::Result<Self> {
         let mut listeners = Vec::new();
         for p in expand(portals)? {
-            let l = crate::portal::bind(&p)
+            let l = braid_store::portal::bind(&p)
                 .and_then(TcpListener::from_std)
                 .map_err(|e| io::Error::new(e.kind(), format!("iSCSI {e}")))?;
             listeners.push(l);
@@ -256,7 +267,7 @@ impl IscsiServer {
             .collect();
         let targets = exports
             .iter()
-            .filter(|e| matches!(e.storage, Storage::Local(_)))
+            .filter(|e| CAPABILITIES.forwarded || matches!(e.storage, Storage::Local(_)))
             .map(|e| {
                 let kept = |what: &str| {
                     cfg.state_dir
