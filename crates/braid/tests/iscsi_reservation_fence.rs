@@ -6,7 +6,7 @@
 //! already gone (an earlier attempt's PREEMPT AND ABORT went unanswered)
 //! proves nothing; neither may a key hidden past the first 64 of READ
 //! KEYS be missed. Keys an earlier volume of this initiator left are
-//! removed at open, and no other host's.
+//! removed at open, and no other host's; READ KEYS reads every key.
 //!
 //! Needs root (the FUSE mount) for the first two.
 
@@ -166,4 +166,48 @@ fn keys_an_earlier_volume_of_this_initiator_left_are_removed_at_open() {
         vol.close().await;
     });
     assert_eq!(keys(port), [theirs]);
+}
+
+/// READ KEYS through braid's initiator returns every registered key, not
+/// only the first 64 its first answer has room for (it asks again with
+/// the room the ADDITIONAL LENGTH says). Before, `reserve::keys` read at
+/// most 64, so a failed path's key past them was taken for gone.
+#[test]
+fn read_keys_returns_every_key_past_the_first_64() {
+    let (_serve, port) = serve("mem:16MiB");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut want = Vec::new();
+    for n in 1..=70u8 {
+        let mut i = Initiator::login_as(addr, TARGET, &who(OTHER, n));
+        let key = 0x07e4_0000 + u64::from(n);
+        register(&mut i, key);
+        i.logout();
+        want.push(key);
+    }
+    let got = rt().block_on(async {
+        use braid_initiator::iscsi::{open, reserve, SessionConfig};
+        let cfg = SessionConfig {
+            initiator: "iqn.2026-11.org.example:onlooker".into(),
+            target: TARGET.into(),
+            lun: 0,
+            chap: None,
+            params: braid_iscsi::negotiate::Params::default(),
+            isid_random: 7,
+            next_qualifier: 1.into(),
+        };
+        let spec = braid_initiator::discover::PathSpec {
+            local: Default::default(),
+            portal: braid_initiator::Endpoint::Tcp(addr),
+        };
+        let t = Duration::from_secs(5);
+        let o = open::open(&spec, &cfg, cfg.next_isid(), t)
+            .await
+            .expect("a session");
+        let keys = reserve::keys(&o.conn, t).await.expect("READ KEYS");
+        o.conn.logout(t).await;
+        keys
+    });
+    let mut got_sorted = got.clone();
+    got_sorted.sort_unstable();
+    assert_eq!(got_sorted, want, "READ KEYS read {} of 70 keys", got.len());
 }

@@ -237,8 +237,17 @@ pub async fn check_acknowledged(vol: &Volume, log: &RunLog, bs: usize) -> Vec<St
         {
             continue;
         }
+        // Which version it holds, if any this run wrote, says whether an
+        // older write landed late or the acknowledged one never landed.
+        let holds = (0..=version + 64)
+            .find(|v| got[..] == block_data(block, *v, bs)[..])
+            .map_or_else(
+                || "data no write of this run made".to_owned(),
+                |v| format!("version {v}"),
+            );
         bad.push(format!(
-            "block {block}: not version {version} as acknowledged"
+            "block {block}: not version {version} as acknowledged, but {holds} (failed writes \
+             to it: {failed:?})"
         ));
     }
     bad
