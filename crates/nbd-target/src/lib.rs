@@ -5,7 +5,7 @@
 //! every request once, at the edge, and hands it to the export's
 //! [`backend::Backend`]. All connections to an export share one backend, so
 //! exports offer CAN_MULTI_CONN. Fencing (`x-braid:fence`) is answered from
-//! the connection [`registry::Registry`].
+//! the store's connection registry ([`braid_store::registry::Registry`]).
 
 mod conn;
 mod server;

@@ -2,7 +2,7 @@
 //! volume may be an iSCSI session instead of NBD connections; the engine,
 //! the policies, splitting, failover, fencing and replay are the same.
 //!
-//! - [`uri`]: `iscsi://` URIs in libiscsi's form;
+//! - `iscsi://` URIs in libiscsi's form are [`crate::uri::iscsi`];
 //! - [`login`]: a login run over a stream;
 //! - [`conn`]: a session at work, carrying engine chunks as SCSI commands
 //!   and probes as NOP-Out pings;
