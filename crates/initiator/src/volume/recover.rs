@@ -220,7 +220,12 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
             v
         };
         for (_, same, spec) in candidates {
-            match fence_via(&shared, &spec, &conns, same).await {
+            let Some(attempt) =
+                until_closed(&shared, fence_via(&shared, &spec, &conns, same)).await
+            else {
+                return;
+            };
+            match attempt {
                 Ok(()) => {
                     info!(fence = fence.0, conns = ?named, via = %spec, "target fenced the failed connections");
                     let mut core = shared.lock();
@@ -240,6 +245,23 @@ pub(crate) async fn fence(shared: Arc<Shared>, path: PathId, fence: FenceId, con
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// `work`, or `None` once the volume is closed: a fence's barrier may be
+/// awaited for several connect timeouts, and nothing of a closed volume
+/// waits for it (its held writes ended with the volume).
+async fn until_closed<T>(shared: &Shared, work: impl std::future::Future<Output = T>) -> Option<T> {
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return Some(out),
+            () = tokio::time::sleep(Duration::from_millis(50)) => {
+                if shared.closed() {
+                    return None;
+                }
+            }
+        }
     }
 }
 
