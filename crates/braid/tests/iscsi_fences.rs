@@ -42,32 +42,6 @@ fn tgt(file: &std::path::Path, params: Option<&str>) -> (Tgt, SocketAddr) {
     (tgt, addr)
 }
 
-/// The keys registered for LUN 1, read by a session of another
-/// initiator.
-async fn registered_keys(portal: SocketAddr) -> Vec<u64> {
-    use braid_initiator::iscsi::{open, reserve, SessionConfig};
-    let cfg = SessionConfig {
-        initiator: "iqn.2026-11.org.example:onlooker".into(),
-        target: IQN.into(),
-        lun: 1,
-        chap: None,
-        params: braid_iscsi::negotiate::Params::default(),
-        isid_random: 7,
-        next_qualifier: 1.into(),
-    };
-    let spec = braid_initiator::discover::PathSpec {
-        local: Default::default(),
-        portal: braid_initiator::Endpoint::Tcp(portal),
-    };
-    let t = Duration::from_secs(5);
-    let o = open::open(&spec, &cfg, cfg.next_isid(), t)
-        .await
-        .expect("a session");
-    let keys = reserve::keys(&o.conn, t).await.expect("READ KEYS");
-    o.conn.logout(t).await;
-    keys
-}
-
 /// A volume of two paths to `direct`: the first through `relay`.
 fn config(direct: SocketAddr, relay: &Relay) -> VolumeConfig {
     let mut cfg = VolumeConfig::new(
@@ -147,7 +121,7 @@ fn tgt_has_no_preempt_and_abort_so_persistent_reservations_are_refused_at_open()
             }
             Err(e) => Err(e.to_string()),
         };
-        (opened, registered_keys(direct).await)
+        (opened, fencekit::registered_keys(direct, IQN, 1).await)
     });
     tgt.stop();
     let e = opened.expect_err("opened with a reservation fence that can never be confirmed");

@@ -184,29 +184,7 @@ fn read_keys_returns_every_key_past_the_first_64() {
         i.logout();
         want.push(key);
     }
-    let got = rt().block_on(async {
-        use braid_initiator::iscsi::{open, reserve, SessionConfig};
-        let cfg = SessionConfig {
-            initiator: "iqn.2026-11.org.example:onlooker".into(),
-            target: TARGET.into(),
-            lun: 0,
-            chap: None,
-            params: braid_iscsi::negotiate::Params::default(),
-            isid_random: 7,
-            next_qualifier: 1.into(),
-        };
-        let spec = braid_initiator::discover::PathSpec {
-            local: Default::default(),
-            portal: braid_initiator::Endpoint::Tcp(addr),
-        };
-        let t = Duration::from_secs(5);
-        let o = open::open(&spec, &cfg, cfg.next_isid(), t)
-            .await
-            .expect("a session");
-        let keys = reserve::keys(&o.conn, t).await.expect("READ KEYS");
-        o.conn.logout(t).await;
-        keys
-    });
+    let got = rt().block_on(fencekit::registered_keys(addr, TARGET, 0));
     let mut got_sorted = got.clone();
     got_sorted.sort_unstable();
     assert_eq!(got_sorted, want, "READ KEYS read {} of 70 keys", got.len());

@@ -161,3 +161,30 @@ pub fn version(pc: &PowerCut) -> u8 {
         0
     }
 }
+
+/// The reservation keys registered for unit `lun` of `target` at
+/// `portal`, read through braid's initiator by a session of another
+/// initiator name.
+pub async fn registered_keys(portal: std::net::SocketAddr, target: &str, lun: u16) -> Vec<u64> {
+    use braid_initiator::iscsi::{open, reserve, SessionConfig};
+    let cfg = SessionConfig {
+        initiator: "iqn.2026-11.org.example:onlooker".into(),
+        target: target.into(),
+        lun,
+        chap: None,
+        params: braid_iscsi::negotiate::Params::default(),
+        isid_random: 7,
+        next_qualifier: 1.into(),
+    };
+    let spec = braid_initiator::discover::PathSpec {
+        local: Default::default(),
+        portal: braid_initiator::Endpoint::Tcp(portal),
+    };
+    let t = Duration::from_secs(5);
+    let o = open::open(&spec, &cfg, cfg.next_isid(), t)
+        .await
+        .expect("a session");
+    let keys = reserve::keys(&o.conn, t).await.expect("READ KEYS");
+    o.conn.logout(t).await;
+    keys
+}
