@@ -399,7 +399,14 @@ impl Spawned {
                 assert_eq!(status.code(), Some(1), "{}", self.log());
                 return Outcome::Refused(self.log());
             }
-            if self.log().contains(" export \"vol\"") {
+            // The serving line, not the refusal: the error a refused
+            // image exits with also begins `export "vol": `, and it can be
+            // in the log a moment before the process has exited.
+            if self
+                .log()
+                .lines()
+                .any(|l| l.contains("INFO") && l.contains(" export \"vol\": "))
+            {
                 return Outcome::Serving;
             }
             assert!(
