@@ -22,8 +22,9 @@ use crate::uri::Endpoint;
 
 mod run;
 
+pub use crate::sink::Sink;
 use run::read_one;
-pub use run::{start, ConnHandle, Sink};
+pub use run::{start, ConnHandle};
 
 /// A byte stream an NBD connection runs over.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {

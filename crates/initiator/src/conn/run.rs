@@ -19,29 +19,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::{tcp_info, Negotiated, Wire};
-
-/// Receives what a connection's reader decodes. Calls for one cookie come
-/// in wire order and end with [`Sink::done`] or [`Sink::data_done`].
-pub trait Sink: Send + Sync + 'static {
-    /// The length of the READ behind `cookie`, for simple replies (which do
-    /// not say whether data follows); `None` if it is not a READ in flight.
-    fn read_len(&self, cookie: Cookie) -> Option<u32>;
-    /// READ data; `offset` is absolute, or `None` for a simple reply (the
-    /// data then starts at the request's offset).
-    fn data(&self, cookie: Cookie, offset: Option<u64>, data: Bytes);
-    /// The last piece of a successful READ reply and its end at once: the
-    /// common case, which a sink can take in one step.
-    fn data_done(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
-        self.data(cookie, offset, data);
-        self.done(cookie, None);
-    }
-    fn hole(&self, cookie: Cookie, offset: u64, len: u32);
-    fn extents(&self, cookie: Cookie, status: BlockStatus);
-    /// The reply is complete; `error` is the first error it carried.
-    fn done(&self, cookie: Cookie, error: Option<Error>);
-    /// The connection failed; nothing more will come from it.
-    fn lost(&self, reason: String);
-}
+use crate::sink::Sink;
 
 struct Out {
     header: [u8; REQUEST_HEADER_LEN],

@@ -1,11 +1,17 @@
-//! What an engine chunk is in SCSI. What its outcome means is decided
+//! iSCSI's words in the engine's, one place each: what an engine chunk
+//! is in SCSI, what a port's ALUA state is to the engine, and what a unit
+//! attention tells the volume. What a command's outcome means is decided
 //! without I/O, in `braid_iscsi::initiator::verdict`.
 
 use braid_iscsi::initiator::cdb;
+use braid_iscsi::initiator::sense::Attention;
 use braid_iscsi::initiator::session::Command;
+use braid_iscsi::initiator::unit::AccessState;
 use bytes::Bytes;
+use tracing::warn;
 
-use crate::engine::{Op, SendChunk};
+use crate::engine::{Access, Op, SendChunk};
+use crate::sink::Signal;
 
 /// The SCSI command for an engine chunk (not a probe) to unit `lun` of
 /// `block_size` bytes a block; `None` for an operation iSCSI paths do not
@@ -32,4 +38,33 @@ pub(super) fn command(
         read,
         write,
     })
+}
+
+/// The engine's view of a port's ALUA state.
+pub(crate) fn access(state: AccessState) -> Access {
+    match state {
+        AccessState::ActiveOptimized => Access::Optimized,
+        AccessState::ActiveNonOptimized => Access::NonOptimized,
+        AccessState::Standby => Access::Standby,
+        AccessState::Transitioning => Access::Transitioning,
+        AccessState::Unavailable | AccessState::Other(_) => Access::Unavailable,
+    }
+}
+
+/// What a unit attention on a session of the volume tells it, if
+/// anything.
+pub(crate) fn signal_of(attention: Attention) -> Option<Signal> {
+    match attention {
+        Attention::Reset => Some(Signal::Restarted(
+            "a live session was told of a power on or reset (29h)",
+        )),
+        // Another initiator's reset (29/03) aborts tasks but loses no
+        // acknowledged write: nothing to replay.
+        Attention::LuReset | Attention::NexusLoss => None,
+        Attention::AccessChanged => Some(Signal::AccessChanged),
+        other => {
+            warn!(?other, "unit attention");
+            None
+        }
+    }
 }

@@ -11,6 +11,7 @@
 //! `braid_iscsi::initiator::verdict`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -27,28 +28,14 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::Instrument;
+use tracing::{info, Instrument};
 
 use braid_iscsi::initiator::verdict::{self, Next};
 
 use super::chunk;
 use crate::conn::{Stream, Wire};
 use crate::engine::SendChunk;
-
-/// Where a connection's replies go (the volume's view of one path).
-pub trait Replies: Send + Sync + 'static {
-    /// READ data of `cookie`'s chunk at absolute volume `offset`.
-    fn data(&self, cookie: Cookie, offset: u64, data: Bytes);
-    /// The chunk is done; `error` if it failed.
-    fn done(&self, cookie: Cookie, error: Option<Error>);
-    /// The port cannot serve the unit now (ALUA): the chunk was not
-    /// executed and goes to another path.
-    fn elsewhere(&self, cookie: Cookie, state: AccessState);
-    /// A unit attention told of a change.
-    fn attention(&self, attention: Attention);
-    /// The connection failed; nothing more comes from it.
-    fn lost(&self, reason: String);
-}
+use crate::sink::Sink;
 
 /// What commands need to know of the unit.
 #[derive(Clone, Copy, Debug)]
@@ -90,7 +77,7 @@ pub(super) struct Pending {
 struct State {
     session: Session,
     waiters: HashMap<u32, Waiter>,
-    replies: Option<Arc<dyn Replies>>,
+    replies: Option<Arc<dyn Sink>>,
     gone: Option<String>,
 }
 
@@ -99,6 +86,10 @@ struct Inner {
     tx: mpsc::UnboundedSender<Parts>,
     digests: Digests,
     pub unit: Mutex<UnitIo>,
+    /// The unit attention of a LOGICAL UNIT RESET this initiator's own
+    /// fence sent is owed to this session: the first reset it hears is
+    /// that one, which lost nothing, not a restart.
+    owed_reset: AtomicBool,
 }
 
 /// What the reader does once the session's lock is released.
@@ -147,6 +138,7 @@ impl Conn {
             tx,
             digests,
             unit: Mutex::new(unit),
+            owed_reset: AtomicBool::new(false),
         });
         let mut framer = Framer::new(p.max_recv_data as usize);
         framer.set(digests, p.max_recv_data as usize);
@@ -163,7 +155,7 @@ impl Conn {
     }
 
     /// Replies to engine chunks go to `replies` from now on.
-    pub fn attach(&self, replies: Arc<dyn Replies>) {
+    pub fn attach(&self, replies: Arc<dyn Sink>) {
         let gone = {
             let mut st = self.inner.lock();
             st.replies = Some(replies.clone());
@@ -280,6 +272,12 @@ impl Conn {
             self.inner.flush(&mut st);
         }
         let _ = tokio::time::timeout(timeout, rx).await;
+    }
+
+    /// The next reset this session hears is the one a fence of this
+    /// initiator is about to send (tgt's LOGICAL UNIT RESET).
+    pub fn owe_reset(&self) {
+        self.inner.owed_reset.store(true, Ordering::Release);
     }
 
     /// The LUN field the session's commands carry.
@@ -432,10 +430,19 @@ impl Inner {
                     );
                 }
                 (_, None) => {}
-                (Deferred::Data(c, off, data), Some(r)) => r.data(c, off, data),
+                (Deferred::Data(c, off, data), Some(r)) => r.data(c, Some(off), data),
                 (Deferred::Done(c, e), Some(r)) => r.done(c, e),
-                (Deferred::Elsewhere(c, s), Some(r)) => r.elsewhere(c, s),
-                (Deferred::Attention(a), Some(r)) => r.attention(a),
+                (Deferred::Elsewhere(c, s), Some(r)) => r.elsewhere(c, chunk::access(s)),
+                (Deferred::Attention(Attention::Reset), Some(_))
+                    if self.owed_reset.swap(false, Ordering::AcqRel) =>
+                {
+                    info!("the unit was reset by this volume's own fence (29h): nothing to replay");
+                }
+                (Deferred::Attention(a), Some(r)) => {
+                    if let Some(s) = chunk::signal_of(a) {
+                        r.signal(s);
+                    }
+                }
                 (Deferred::Lost(why), Some(r)) => r.lost(why),
             }
         }

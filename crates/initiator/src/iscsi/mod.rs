@@ -1,13 +1,16 @@
 //! iSCSI paths: the tokio side of `braid-iscsi`'s initiator. A path of a
 //! volume may be an iSCSI session instead of NBD connections; the engine,
-//! the policies, splitting, failover, fencing and replay are the same.
+//! the policies, splitting, failover, fencing and replay are the same
+//! (the volume's side of an iSCSI path, its `Transport`, is
+//! `volume/iscsi/`).
 //!
 //! - `iscsi://` URIs in libiscsi's form are [`crate::uri::iscsi`];
 //! - [`login`]: a login run over a stream;
 //! - [`conn`]: a session at work, carrying engine chunks as SCSI commands
 //!   and probes as NOP-Out pings;
-//! - `chunk`: an engine chunk as a SCSI command (what its outcome means
-//!   is `braid_iscsi::initiator::verdict`);
+//! - `chunk`: iSCSI's words in the engine's: an engine chunk as a SCSI
+//!   command, an ALUA state as an access, a unit attention as a signal
+//!   (what a command's outcome means is `braid_iscsi::initiator::verdict`);
 //! - [`open`]: a path opened and its unit identified;
 //! - [`discover`]: SendTargets and portal probing;
 //! - [`fence`]: which fence a unit gets, and fencing a failed session by
@@ -23,7 +26,8 @@ pub mod open;
 pub mod reserve;
 
 pub use crate::uri::iscsi::{IscsiUri, DEFAULT_PORT};
-pub use conn::{Conn, Replies};
+pub(crate) use chunk::{access, signal_of};
+pub use conn::Conn;
 pub use open::{Opened, SessionConfig};
 
 /// The initiator name braid uses unless told another: the host's

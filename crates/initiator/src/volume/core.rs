@@ -14,9 +14,9 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::link::Link;
-use crate::conn::Sink;
 use crate::discover::PathSpec;
-use crate::engine::{Action, ChunkInfo, Engine, FenceId, IoError, Op, PathId, ReqId};
+use crate::engine::{Access, Action, ChunkInfo, Engine, FenceId, IoError, Op, PathId, ReqId};
+use crate::sink::{Signal, Sink};
 use braid_proto::braid_ns::ConnId;
 
 /// What a completed request hands back.
@@ -45,7 +45,7 @@ pub(crate) struct PathIo {
     /// `path{n, via}`, inside the volume's span: what the path's log
     /// lines and background tasks run in.
     pub span: tracing::Span,
-    pub conns: Vec<Option<Link>>,
+    pub conns: Vec<Option<Box<dyn Link>>>,
     /// Context id of `base:allocation` on each connection.
     pub allocation: Vec<Option<u32>>,
     /// Bumped whenever the connections are replaced, so late events from
@@ -342,11 +342,46 @@ impl Sink for ConnSink {
         self.with_core(|shared, core| finish(shared, core, cookie, error));
     }
 
+    fn elsewhere(&self, cookie: Cookie, access: Access) {
+        let shared = self.with_core(|shared, core| {
+            let now = shared.now();
+            core.engine.set_access(now, self.path, access);
+            core.engine.retry_elsewhere(now, cookie);
+            core.act(shared);
+            shared.clone()
+        });
+        if let Some(shared) = shared {
+            shared.settings.transport.watch_access(&shared, self.path);
+        }
+    }
+
+    fn signal(&self, s: Signal) {
+        // From the path's current connections only.
+        if let Some(shared) = self.with_core(|shared, _| shared.clone()) {
+            signal(&shared, self.path, s);
+        }
+    }
+
     fn lost(&self, reason: String) {
         self.with_core(|shared, core| {
             core.engine.path_failed(shared.now(), self.path, &reason);
             core.act(shared);
         });
+    }
+}
+
+/// What a signal from `path`'s target means for the volume.
+pub(crate) fn signal(shared: &Arc<Shared>, path: PathId, s: Signal) {
+    match s {
+        Signal::Restarted(how) => {
+            let mut core = shared.lock();
+            if shared.closed() {
+                return;
+            }
+            core.engine.restart_signalled(shared.now(), path, how);
+            core.act(shared);
+        }
+        Signal::AccessChanged => shared.settings.transport.refresh_access(shared),
     }
 }
 

@@ -1,68 +1,33 @@
-//! A path's connection, whatever it speaks: an NBD connection, or an
-//! iSCSI session. The engine's chunks go through [`Link::send`] either
-//! way; only what each is on the wire differs.
+//! A path's connection, whatever it speaks (an NBD connection, an iSCSI
+//! session): the engine's chunks go through [`Link::send`], one call
+//! through the connection's vtable per chunk, with nothing allocated.
 
-use std::sync::Arc;
+use std::any::Any;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
-use braid_proto::{CmdFlags, Command, Request};
 use bytes::Bytes;
 
-use crate::conn::{ConnHandle, Wire};
+use crate::conn::Wire;
 use crate::engine::SendChunk;
-use crate::iscsi;
 
-pub(crate) enum Link {
-    Nbd(ConnHandle),
-    Iscsi(Arc<iscsi::Conn>),
-}
+/// A future a transport hands back, boxed: for what happens once per
+/// path or per failure (dialing, fencing, closing), never per request.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-impl Link {
+/// One running connection of a path.
+pub(crate) trait Link: Send + Sync + 'static {
     /// Sends a chunk; `false` if the connection is gone.
-    pub fn send(&self, s: &SendChunk, payload: Option<Bytes>) -> bool {
-        match self {
-            Self::Nbd(c) => c.send(
-                &Request {
-                    flags: CmdFlags::from_flags(s.flags),
-                    command: Command::from_op(s.op),
-                    cookie: s.cookie,
-                    offset: s.offset,
-                    length: s.len,
-                },
-                payload,
-            ),
-            Self::Iscsi(c) => c.send(s, payload),
-        }
-    }
-
+    fn send(&self, s: &SendChunk, payload: Option<Bytes>) -> bool;
     /// The kernel's figures of the connection.
-    pub fn wire(&self) -> Option<Wire> {
-        match self {
-            Self::Nbd(c) => c.wire(),
-            Self::Iscsi(c) => c.wire(),
-        }
-    }
-
+    fn wire(&self) -> Option<Wire>;
     /// Drops the connection at once.
-    pub fn abort(&self) {
-        match self {
-            Self::Nbd(c) => c.abort(),
-            Self::Iscsi(c) => c.abort(),
-        }
-    }
-
-    /// Ends the connection the way its protocol asks (NBD_CMD_DISC, or an
+    fn abort(&self);
+    /// Ends the connection the way its protocol asks (NBD_CMD_DISC, an
     /// iSCSI logout), bounded by `timeout`.
-    pub async fn close(self, timeout: Duration) {
-        match self {
-            Self::Nbd(c) => {
-                c.disconnect();
-                c.finish(timeout).await;
-            }
-            Self::Iscsi(c) => {
-                c.logout(timeout).await;
-                c.abort();
-            }
-        }
-    }
+    fn close(self: Box<Self>, timeout: Duration) -> BoxFuture<'static, ()>;
+    /// The connection itself, for its own transport's code (an iSCSI
+    /// session's ALUA state, its reservation key).
+    fn as_any(&self) -> &dyn Any;
 }

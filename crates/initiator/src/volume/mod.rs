@@ -6,27 +6,29 @@
 //! call is submitted to the engine, whose actions the driver carries out;
 //! failed paths are fenced and reconnected in the background.
 //!
-//! The modules, each using only those before it: `link`, `keys` and
-//! `timeline`, `report` (leaves); `core` (the engine and the one place its actions
-//! are carried out; it starts the recovery tasks through `core::Tasks`,
-//! not by name); `alua`; `iscsi_path` (one iSCSI path: dial, adopt, its
-//! replies and fence details); `recover` (reconnecting and fencing);
-//! `open` and `open_iscsi` (opening a volume, which hands `recover`'s
-//! tasks to the core). `tests/module_graph.rs` keeps it so.
+//! The modules, each using only those before it: `link` (a connection,
+//! whatever it speaks), `timeline`, `report` (leaves); `core` (the engine
+//! and the one place its actions are carried out; it starts the recovery
+//! tasks through `core::Tasks`, not by name); `transport` (what a
+//! protocol does for the volume: the [`transport::Transport`] trait);
+//! `recover` (reconnecting and fencing, through the trait); `open`
+//! (turning a plan into a running volume, which hands `recover`'s tasks to
+//! the core); then each protocol, which knows the others not: `nbd` and
+//! `iscsi`. Nothing before them names a protocol. `tests/module_graph.rs`
+//! keeps it so.
 
 mod admin;
-mod alua;
 mod core;
 mod events;
-mod iscsi_path;
-mod keys;
+mod iscsi;
 mod link;
+mod nbd;
 mod open;
-mod open_iscsi;
 mod plan;
 mod recover;
 mod report;
 mod timeline;
+mod transport;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -41,7 +43,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::conn::ConnectError;
-use crate::discover::{Expect, LocalSpec};
+use crate::discover::LocalSpec;
 use crate::engine::{EngineConfig, IoError, Op, PathId};
 use crate::pathrule::PathRule;
 use crate::uri::VolumeUri;
@@ -186,13 +188,7 @@ pub(crate) struct Settings {
     pub probe_len: u32,
     pub max_payload: u32,
     pub fencing: bool,
-    pub transport: Transport,
-}
-
-/// What a path's connections must agree on, per transport.
-pub(crate) enum Transport {
-    Nbd(Expect),
-    Iscsi(Box<iscsi_path::Expect>),
+    pub transport: Box<dyn transport::Transport>,
 }
 
 /// How often the engine's clock advances (timeouts, probes, deadlines).
@@ -217,14 +213,10 @@ impl Volume {
         // process can be told apart.
         let span = tracing::info_span!("volume", export = ?cfg.uri.name());
         let run = async {
+            // The one place a protocol is chosen: by the URI.
             match cfg.uri.clone() {
-                VolumeUri::Nbd(_) if cfg.persistent_reservations => Err(OpenError::Usage(
-                    "persistent reservations fence iSCSI paths; NBD paths are fenced by the \
-                     target (drop --persistent-reservations)"
-                        .into(),
-                )),
-                VolumeUri::Nbd(u) => open::nbd(cfg, u, span.clone()).await,
-                VolumeUri::Iscsi(u) => open_iscsi::open(cfg, u, span.clone()).await,
+                VolumeUri::Nbd(u) => nbd::open(cfg, u, span.clone()).await,
+                VolumeUri::Iscsi(u) => iscsi::open(cfg, u, span.clone()).await,
             }
         };
         run.instrument(span.clone()).await
@@ -465,19 +457,7 @@ impl Volume {
                 })
                 .collect()
         };
-        if let Transport::Iscsi(x) = &self.shared.settings.transport {
-            if x.reservations {
-                // Registrations outlive sessions.
-                let conns = handles
-                    .iter()
-                    .filter_map(|h| match h {
-                        link::Link::Iscsi(c) => Some(c.clone()),
-                        _ => None,
-                    })
-                    .collect();
-                iscsi_path::leave_all(x, conns).await;
-            }
-        }
+        self.shared.settings.transport.leave(&handles).await;
         futures_join(handles.into_iter().map(|h| h.close(Duration::from_secs(2)))).await;
     }
 }

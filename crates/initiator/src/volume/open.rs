@@ -1,20 +1,18 @@
-//! Opening a volume: what each transport finds out first (NBD here,
-//! iSCSI in `open_iscsi.rs`) becomes a [`Plan`]; [`start`] turns any plan
-//! into a running volume the same way: the engine and its paths, every
-//! path opened at once, failed ones retried in the background.
+//! Opening a volume: what each transport finds out first (`nbd.rs`,
+//! `iscsi/open.rs`) becomes a [`Plan`]; [`start`] turns any plan into a
+//! running volume the same way: the engine and its paths, every path
+//! opened at once, failed ones retried in the background.
 
 use std::time::{Duration, Instant};
 
 use braid_policy::{by_name, Policy, SplitRules};
-use tracing::{info, warn, Instrument};
+use tracing::{warn, Instrument};
 
-use super::admin::path_configs;
 use super::core::{Core, PathIo, Shared, Tasks};
-use super::{recover, OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
+use super::{recover, OpenError, Settings, Volume, VolumeConfig, VolumeInfo};
 use crate::conn::ConnectError;
-use crate::discover::{Expect, PathSpec};
+use crate::discover::PathSpec;
 use crate::engine::{Engine, EngineConfig, PathConfig, PathId};
-use crate::uri::NbdUri;
 
 /// What a transport found out, ready to become a volume.
 pub(super) struct Plan {
@@ -195,84 +193,4 @@ pub(super) fn policy(
         (None, _) => "adaptive".to_owned(),
     };
     by_name(&name, &cfg.policy_options).map_err(|e| OpenError::Usage(e.to_string()))
-}
-
-/// An NBD volume: the first portal says what the volume is and where else
-/// it is served; every path is an NBD connection set.
-pub(super) async fn nbd(
-    cfg: VolumeConfig,
-    uri: NbdUri,
-    span: tracing::Span,
-) -> Result<Volume, OpenError> {
-    let super::Plan {
-        discovery: d,
-        paths: specs,
-        tls,
-    } = super::plan::plan_nbd(&cfg, &uri).await?;
-    let configs = path_configs(&cfg.paths, &specs).map_err(OpenError::Usage)?;
-    let multi = d.export.flags.can_multi_conn();
-    let spreading = specs.len() > 1 || cfg.connections_per_path.unwrap_or(1) > 1;
-    let policy = policy(&cfg, multi, spreading)?;
-    let connections_per_path = if multi {
-        cfg.connections_per_path.unwrap_or(1).max(1)
-    } else {
-        1
-    };
-    let export = d.export.clone();
-    let split = split_rules(
-        &cfg,
-        export.min_block,
-        export.preferred_block,
-        export.max_payload,
-    );
-    let settings = Settings {
-        connections_per_path,
-        connect_timeout: cfg.connect_timeout,
-        probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
-        max_payload: export.max_payload,
-        fencing: d.braid && !cfg.danger_no_fence,
-        transport: Transport::Nbd(Expect {
-            export: uri.export.clone(),
-            tls,
-            size: export.size,
-            identity: d.identity.clone(),
-            source: uri.endpoint.to_string(),
-            // Fresh for each open: a fence by this volume can name
-            // only connections this volume opened.
-            session: braid_proto::braid_ns::SessionToken(uuid::Uuid::new_v4().as_u128()),
-        }),
-    };
-    let plan = Plan {
-        engine: engine_config(&cfg, split, export.size, export.min_block),
-        specs,
-        configs,
-        policy,
-        settings,
-        instance: d.instance.map(|i| i.0),
-        info: VolumeInfo {
-            export: uri.export.clone(),
-            size: export.size,
-            flags: export.flags,
-            min_block: export.min_block,
-            preferred_block: export.preferred_block,
-            max_payload: export.max_payload,
-            identity: d.identity,
-            paths: Vec::new(),
-            connections_per_path,
-            fencing: d.braid,
-            fence: if d.braid && !cfg.danger_no_fence {
-                "x-braid:fence"
-            } else {
-                "none"
-            },
-            block_status: false,
-            transport: "nbd",
-        },
-    };
-    let many = plan.specs.len() > 1;
-    let vol = start(plan, span).await?;
-    if !d.braid && many {
-        info!("the server is not braid: no fencing, and identity is checked by size only");
-    }
-    Ok(vol)
 }

@@ -8,74 +8,52 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use braid_iscsi::initiator::sense::Attention;
-use braid_iscsi::initiator::unit::AccessState;
-use tracing::{info, warn, Instrument};
+use tracing::{info, Instrument};
 
-use super::core::Shared;
-use super::link::Link;
-use super::{EventKind, Transport};
+use super::{lock, session, Expect};
 use crate::engine::{Access, PathId};
-use crate::iscsi;
+use crate::iscsi::{self, access, signal_of};
+use crate::volume::core::{self, Shared};
+use crate::volume::EventKind;
 
 /// How often a path whose port is not active asks for its state again.
 const ALUA_POLL: Duration = Duration::from_millis(500);
 
-/// The engine's view of a port's ALUA state.
-pub(super) fn access(state: AccessState) -> Access {
-    match state {
-        AccessState::ActiveOptimized => Access::Optimized,
-        AccessState::ActiveNonOptimized => Access::NonOptimized,
-        AccessState::Standby => Access::Standby,
-        AccessState::Transitioning => Access::Transitioning,
-        AccessState::Unavailable | AccessState::Other(_) => Access::Unavailable,
-    }
-}
-
 /// Watches `path`'s port until it is active again, one watcher per path.
-pub(super) fn watch(shared: &Arc<Shared>, path: PathId) {
-    let Transport::Iscsi(x) = &shared.settings.transport else {
-        return;
-    };
-    if !x
-        .watching
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(path.0)
-    {
+pub(super) fn watch(shared: &Arc<Shared>, x: &Arc<Expect>, path: PathId) {
+    if !lock(&x.watching).insert(path.0) {
         return;
     }
     let span = shared.lock().paths[path.0].span.clone();
     let weak = Arc::downgrade(shared);
-    tokio::spawn(alua_poll(weak, path, false).instrument(span));
+    tokio::spawn(alua_poll(weak, x.clone(), path, false).instrument(span));
 }
 
 /// Asks every path's port for its state once (the target announced a
 /// change).
-fn refresh_all(shared: &Arc<Shared>) {
+pub(super) fn refresh_all(shared: &Arc<Shared>, x: &Arc<Expect>) {
     let n = shared.lock().paths.len();
     for i in 0..n {
         let span = shared.lock().paths[i].span.clone();
-        tokio::spawn(alua_poll(Arc::downgrade(shared), PathId(i), true).instrument(span));
+        let poll = alua_poll(Arc::downgrade(shared), x.clone(), PathId(i), true);
+        tokio::spawn(poll.instrument(span));
     }
 }
 
 /// Asks `path`'s port for its state: once, or (a watcher) every
 /// [`ALUA_POLL`] until the port is active again or the path's session
 /// is gone.
-async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
+async fn alua_poll(weak: Weak<Shared>, x: Arc<Expect>, path: PathId, once: bool) {
     loop {
         if !once {
             tokio::time::sleep(ALUA_POLL).await;
         }
         let Some(shared) = weak.upgrade() else { return };
-        let Transport::Iscsi(x) = &shared.settings.transport else {
-            return;
-        };
         let conn = match shared.lock().paths[path.0].conns.first() {
-            Some(Some(Link::Iscsi(c))) => Some(c.clone()),
+            Some(Some(l)) => session(l.as_ref()).cloned(),
             _ => None,
         };
-        let (port, group) = x.ports.lock().unwrap_or_else(|p| p.into_inner())[path.0];
+        let (port, group) = lock(&x.ports)[path.0];
         let state = match &conn {
             Some(c) if !shared.closed() => {
                 let timeout = shared.settings.connect_timeout;
@@ -83,8 +61,9 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
                     Ok(p) => {
                         for a in p.attentions {
                             // This poll reads the state itself.
-                            if a != Attention::AccessChanged {
-                                heard(&shared, path, a);
+                            if let Some(s) = signal_of(a).filter(|_| a != Attention::AccessChanged)
+                            {
+                                core::signal(&shared, path, s);
                             }
                         }
                         p.access
@@ -113,38 +92,13 @@ async fn alua_poll(weak: Weak<Shared>, path: PathId, once: bool) {
             // session carries no I/O, so it would hear of the change
             // only from another path's session.
             if a.is_some() && !active {
-                watch(&shared, path);
+                watch(&shared, &x, path);
             }
             return;
         }
         if active || conn.is_none() || shared.closed() {
-            x.watching
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&path.0);
+            lock(&x.watching).remove(&path.0);
             return;
         }
-    }
-}
-
-/// What a unit attention on any session of the volume means for it.
-pub(super) fn heard(shared: &Arc<Shared>, path: PathId, attention: Attention) {
-    match attention {
-        Attention::Reset => {
-            let mut core = shared.lock();
-            if shared.closed() {
-                return;
-            }
-            let how = "a live session was told of a power on or reset (29h)";
-            core.engine.restart_signalled(shared.now(), path, how);
-            core.act(shared);
-        }
-        Attention::LuReset => {
-            // Another initiator's reset (29/03) aborts tasks but loses no
-            // acknowledged write: nothing to replay.
-        }
-        Attention::AccessChanged => refresh_all(shared),
-        Attention::NexusLoss => {}
-        other => warn!(?other, "unit attention"),
     }
 }

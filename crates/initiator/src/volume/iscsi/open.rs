@@ -1,18 +1,10 @@
-//! An iSCSI volume: the URI's portal is asked for every portal of the
-//! target (SendTargets), one session learns what the unit is, and every
-//! path is an iSCSI session checked to lead to the same unit (VPD 0x83
-//! identity and size). How a failed path is fenced depends on the unit
-//! (see `iscsi::fence`): by logging in with its session's ISID (with
-//! tgt, then LOGICAL UNIT RESET, whose unit attention the volume's own
-//! sessions take as the fence's), or (`--persistent-reservations`) by
-//! preempting its key, or not at all (its writes are held). A unit
-//! attention for a reset stands in for NBD's instance and triggers the
-//! replay; ALUA states (`alua.rs`) feed the engine. Opening is here; one
-//! path (dialing, adopting, its fence details) is `iscsi_path.rs`.
+//! Opening an iSCSI volume: SendTargets for the target's portals, one
+//! session that learns what the unit is (identity, size, limits, caching,
+//! which fence it gets), and the volume's plan.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU16;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_iscsi::chap::Credentials;
@@ -23,16 +15,16 @@ use braid_iscsi::negotiate::Params;
 use braid_proto::TransmissionFlags;
 use tracing::{info, warn};
 
-use super::admin::{path_configs, with_rules};
-use super::iscsi_path::Expect;
 use super::keys::Keys;
-use super::open::{engine_config, policy, split_rules, start, Plan};
-use super::{OpenError, Settings, Transport, Volume, VolumeConfig, VolumeInfo};
+use super::{Expect, Iscsi};
 use crate::conn::ConnectError;
 use crate::discover::{self, PathSpec};
 use crate::iscsi::fence::Fence;
 use crate::iscsi::{self, IscsiUri, Opened, SessionConfig};
 use crate::uri::Endpoint;
+use crate::volume::admin::{path_configs, with_rules};
+use crate::volume::open::{engine_config, policy, split_rules, start, Plan};
+use crate::volume::{OpenError, Settings, Volume, VolumeConfig, VolumeInfo};
 
 /// What braid asks of a target at login.
 fn params() -> Params {
@@ -91,7 +83,7 @@ fn credentials(cfg: &VolumeConfig, uri: &IscsiUri) -> Result<Option<Credentials>
 }
 
 /// Opens an iSCSI volume.
-pub(super) async fn open(
+pub(crate) async fn open(
     cfg: VolumeConfig,
     uri: IscsiUri,
     span: tracing::Span,
@@ -211,7 +203,7 @@ pub(super) async fn open(
         probe_len: bs,
         max_payload,
         fencing: !cfg.danger_no_fence,
-        transport: Transport::Iscsi(Box::new(Expect {
+        transport: Box::new(Iscsi(Arc::new(Expect {
             session,
             identity: o.identity.clone(),
             size: capacity.bytes(),
@@ -222,9 +214,8 @@ pub(super) async fn open(
             tags: Mutex::new(vec![None; specs.len()]),
             reservations: cfg.persistent_reservations,
             fence: fence.clone(),
-            own_resets: Mutex::new(HashSet::new()),
             keys: Keys::default(),
-        })),
+        }))),
     };
     let plan = Plan {
         engine: engine_config(&cfg, split, capacity.bytes(), bs),
