@@ -232,7 +232,7 @@ pub(crate) struct ConnSink {
 }
 
 impl ConnSink {
-    pub(super) fn with_core<T>(&self, f: impl FnOnce(&Arc<Shared>, &mut Core) -> T) -> Option<T> {
+    fn with_core<T>(&self, f: impl FnOnce(&Arc<Shared>, &mut Core) -> T) -> Option<T> {
         let shared = self.shared.upgrade()?;
         let mut core = shared.lock();
         if core.paths[self.path.0].generation != self.generation {
@@ -248,7 +248,7 @@ impl ConnSink {
 }
 
 /// Adds READ data that arrived for `cookie` to its request.
-pub(super) fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
+fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
     let Some(info) = core.engine.chunk(cookie) else {
         return;
     };
@@ -277,7 +277,7 @@ fn forget(p: &mut Pending, cookie: u64) {
 
 /// Hands the end of `cookie`'s reply to the engine and carries out what
 /// follows from it.
-pub(super) fn finish(shared: &Arc<Shared>, core: &mut Core, cookie: Cookie, error: Option<Error>) {
+fn finish(shared: &Arc<Shared>, core: &mut Core, cookie: Cookie, error: Option<Error>) {
     let received = core.received.remove(&cookie.0).unwrap_or(0);
     let outcome = match (error, core.engine.chunk(cookie)) {
         (Some(e), _) => Err(e),

@@ -183,11 +183,10 @@ pub struct VolumeInfo {
 
 /// Settings every background task needs.
 pub(crate) struct Settings {
-    pub connections_per_path: usize,
     pub connect_timeout: Duration,
-    pub probe_len: u32,
-    pub max_payload: u32,
+    /// The target fences failed connections (where it names them).
     pub fencing: bool,
+    /// What the paths speak, and what their connections agree on.
     pub transport: Box<dyn transport::Transport>,
 }
 

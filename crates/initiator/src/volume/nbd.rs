@@ -25,26 +25,34 @@ use crate::discover::{self, Expect, PathConn, PathSpec};
 use crate::engine::{Instance, PathId, SendChunk};
 use crate::uri::NbdUri;
 
-/// An NBD volume's transport: what every connection must agree on.
-struct Nbd(Expect);
+/// An NBD volume's transport.
+struct Nbd {
+    /// What every connection must agree on.
+    expect: Expect,
+    /// Connections per path.
+    connections: usize,
+    /// Bytes the probe of a new path reads.
+    probe_len: u32,
+    /// The largest reply payload the target may send.
+    max_payload: u32,
+}
 
 impl Transport for Nbd {
     fn dial<'a>(
         &'a self,
-        shared: &'a Arc<Shared>,
         spec: &'a PathSpec,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Box<dyn Dialed>, ConnectError>> {
         Box::pin(async move {
-            let settings = &shared.settings;
             let mut conns = Vec::new();
-            for _ in 0..settings.connections_per_path {
-                conns.push(discover::connect_path(spec, &self.0, timeout).await?);
+            for _ in 0..self.connections {
+                conns.push(discover::connect_path(spec, &self.expect, timeout).await?);
             }
             if let Some(first) = conns.first_mut() {
-                conn::probe(&mut first.negotiated, settings.probe_len, timeout).await?;
+                conn::probe(&mut first.negotiated, self.probe_len, timeout).await?;
             }
-            Ok(Box::new(Conns(conns)) as Box<dyn Dialed>)
+            let max_payload = self.max_payload;
+            Ok(Box::new(Conns { conns, max_payload }) as Box<dyn Dialed>)
         })
     }
 
@@ -55,17 +63,19 @@ impl Transport for Nbd {
         conns: &'a [ConnId],
         _same_group: bool,
     ) -> BoxFuture<'a, Result<(), Unproven>> {
-        Box::pin(fence_via(shared, &self.0, via, conns))
+        Box::pin(fence_via(shared, &self.expect, via, conns))
     }
 }
 
 /// A path's NBD connections, negotiated and probed.
-struct Conns(Vec<PathConn>);
+struct Conns {
+    conns: Vec<PathConn>,
+    max_payload: u32,
+}
 
 impl Dialed for Conns {
     fn adopt(self: Box<Self>, shared: &Arc<Shared>, path: PathId, opening: bool) {
-        let conns = self.0;
-        let max_payload = shared.settings.max_payload;
+        let Conns { conns, max_payload } = *self;
         bring_up(shared, path, opening, |sink| {
             // Before the path carries anything: a restarted target gets
             // the writes it may have lost first (the engine compares
@@ -215,21 +225,23 @@ pub(super) async fn open(
         export.max_payload,
     );
     let settings = Settings {
-        connections_per_path,
         connect_timeout: cfg.connect_timeout,
-        probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
-        max_payload: export.max_payload,
         fencing: d.braid && !cfg.danger_no_fence,
-        transport: Box::new(Nbd(Expect {
-            export: uri.export.clone(),
-            tls,
-            size: export.size,
-            identity: d.identity.clone(),
-            source: uri.endpoint.to_string(),
-            // Fresh for each open: a fence by this volume can name
-            // only connections this volume opened.
-            session: braid_proto::braid_ns::SessionToken(uuid::Uuid::new_v4().as_u128()),
-        })),
+        transport: Box::new(Nbd {
+            connections: connections_per_path,
+            probe_len: export.min_block.max(1).min(export.size.min(4096) as u32),
+            max_payload: export.max_payload,
+            expect: Expect {
+                export: uri.export.clone(),
+                tls,
+                size: export.size,
+                identity: d.identity.clone(),
+                source: uri.endpoint.to_string(),
+                // Fresh for each open: a fence by this volume can name
+                // only connections this volume opened.
+                session: braid_proto::braid_ns::SessionToken(uuid::Uuid::new_v4().as_u128()),
+            },
+        }),
     };
     let plan = Plan {
         engine: engine_config(&cfg, split, export.size, export.min_block),

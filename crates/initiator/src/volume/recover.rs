@@ -99,7 +99,7 @@ async fn dial(
     spec: &discover::PathSpec,
     timeout: Duration,
 ) -> Result<Box<dyn Dialed>, ConnectError> {
-    shared.settings.transport.dial(shared, spec, timeout).await
+    shared.settings.transport.dial(spec, timeout).await
 }
 
 /// Asks the target to fence `conns` (the connections of one failure of a

@@ -24,7 +24,6 @@ pub(crate) trait Transport: Send + Sync + 'static {
     /// volume, ready to carry I/O (not carrying any yet).
     fn dial<'a>(
         &'a self,
-        shared: &'a Arc<Shared>,
         spec: &'a PathSpec,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Box<dyn Dialed>, ConnectError>>;

@@ -71,7 +71,6 @@ struct Iscsi(Arc<Expect>);
 impl Transport for Iscsi {
     fn dial<'a>(
         &'a self,
-        _shared: &'a Arc<Shared>,
         spec: &'a PathSpec,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Box<dyn Dialed>, ConnectError>> {

@@ -198,10 +198,7 @@ pub(crate) async fn open(
         warn!("the unit names itself neither in VPD 0x83 nor 0x80: paths are checked by size only");
     }
     let settings = Settings {
-        connections_per_path: 1,
         connect_timeout: cfg.connect_timeout,
-        probe_len: bs,
-        max_payload,
         fencing: !cfg.danger_no_fence,
         transport: Box::new(Iscsi(Arc::new(Expect {
             session,
