@@ -27,6 +27,8 @@ mod open;
 mod plan;
 mod recover;
 mod report;
+#[cfg(test)]
+mod tests;
 mod timeline;
 mod transport;
 
