@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use braid_iscsi::negotiate::Params;
 use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
-use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::{check_range, Command, Delivery, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
+use braid_scsi::respond::{self, Unit};
+use braid_scsi::sense::status;
+use braid_scsi::{check_range, Command, Delivery, Key, Sense};
 use bytes::Bytes;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;

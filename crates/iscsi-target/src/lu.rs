@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use braid_iscsi::scsi::{Attentions, Command, Delivery, NexusName, Reservations, Sense};
+use braid_scsi::{Attentions, Command, Delivery, NexusName, Reservations, Sense};
 
 use super::task::TaskSet;
 

@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
-use braid_iscsi::scsi::Sense;
 use braid_iscsi::window::{le, lt};
+use braid_scsi::Sense;
 use tracing::info;
 
 use super::command::Lun;

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::{alua, check_range, opcodes, Command, PortGroup, Sense};
+use braid_scsi::respond::{self, Unit};
+use braid_scsi::{alua, check_range, opcodes, Command, PortGroup, Sense};
 
 use super::media;
 
@@ -108,7 +108,7 @@ pub async fn execute(
     groups: impl FnOnce() -> Vec<PortGroup>,
 ) -> Outcome {
     if backend(export).is_none() {
-        return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
+        return Outcome::Check(Sense::new(braid_scsi::Key::NotReady, 0x04, 0x00));
     }
     let writes = matches!(
         cmd,

@@ -11,9 +11,9 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use braid_iscsi::scsi::reserve::Effects;
-use braid_iscsi::scsi::respond::mode_select;
-use braid_iscsi::scsi::{Command, Key, Refusal, Reservations, Sense};
+use braid_scsi::reserve::Effects;
+use braid_scsi::respond::mode_select;
+use braid_scsi::{Command, Key, Refusal, Reservations, Sense};
 use tracing::{info, warn};
 
 use super::command::Lun;
