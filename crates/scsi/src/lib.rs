@@ -3,19 +3,24 @@
 //! ([`respond`]), status and sense ([`sense`]), the asymmetric access
 //! states of its ports ([`alua`], [`ports`]), its reservations
 //! ([`reserve`]) and the unit attentions each nexus is owed
-//! ([`attention`]). Like `braid-iscsi` for the transport, it owns no
+//! ([`attention`]), across every nexus of the unit ([`lu`]); the way one
+//! command goes through all of it ([`dispatch`]) and what a task
+//! management function covers ([`tmf`]). Like `braid-iscsi` for the transport, it owns no
 //! socket, task, file or clock; the iSCSI target (`braid-iscsi-target`)
 //! moves the bytes and calls the storage.
 
 pub mod alua;
 pub mod attention;
 pub mod cdb;
+pub mod dispatch;
 pub mod instance;
+pub mod lu;
 pub mod opcodes;
 pub mod ports;
 pub mod reserve;
 pub mod respond;
 pub mod sense;
+pub mod tmf;
 
 pub use alua::{AccessState, PortGroup};
 pub use attention::{Attentions, Delivery};
