@@ -17,7 +17,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("block", &[]),
     ("proto", &["block"]),
     ("policy", &[]),
-    ("iscsi", &["block"]),
+    ("iscsi", &["block", "scsi"]),
     ("scsi", &["block"]),
     ("engine", &["block", "policy", "proto"]),
     // Leaves with I/O.

@@ -16,10 +16,11 @@ use std::sync::Arc;
 
 use braid_iscsi::negotiate::Params;
 use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
-use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::sense::status;
-use braid_iscsi::scsi::{check_range, Command, Delivery, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
+use braid_scsi::dispatch::{self, Step};
+use braid_scsi::respond::Unit;
+use braid_scsi::sense::status;
+use braid_scsi::{Command, Key, Sense};
 use bytes::Bytes;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
@@ -29,7 +30,7 @@ use super::lu::Nexus;
 use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
 use super::task::{abort_all, Task};
 use super::unit::{self, Outcome};
-use super::unitwide;
+use super::{media, unitwide};
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -187,31 +188,13 @@ impl Commands {
             Ok(cmd) => cmd,
             Err(sense) => return self.check(itt, sense),
         };
-        if lun != 0 {
-            // Only REPORT LUNS and INQUIRY answer here, without the backend.
-            let outcome = unit::answer_other_lun(&self.lun.unit, cmd);
+        // Another LUN, a unit attention, the port's access state: all
+        // answered at once, without the backend.
+        let state = self.lun.shared.ports.get(self.lun.tag).state();
+        if let Some(outcome) = dispatch::admit(&self.lun.unit, &self.lun.nexus, state, lun, &cmd) {
             return self
                 .outbox
                 .send(outcome_batch(itt, outcome, expected, &self.params, None));
-        }
-        // A unit attention pending for this nexus comes first (SAM-5
-        // 5.14), then what the port's access state allows.
-        match self.lun.nexus.deliver(&cmd) {
-            Delivery::Run => {}
-            Delivery::Report(sense) => return self.check(itt, sense),
-            Delivery::AsSenseData(sense) => {
-                let alloc = match cmd {
-                    Command::RequestSense { alloc } => alloc,
-                    _ => 0,
-                };
-                let data = respond::request_sense(Some(sense), alloc);
-                let batch = outcome_batch(itt, Outcome::Good(data), expected, &self.params, None);
-                return self.outbox.send(batch);
-            }
-        }
-        let state = self.lun.shared.ports.get(self.lun.tag).state();
-        if let Err(sense) = state.check(&cmd) {
-            return self.check(itt, sense);
         }
         let set = &self.lun.served.lu.tasks;
         let Ok(task) = set.enter(self.lun.nexus.id, itt, &self.owner) else {
@@ -230,8 +213,8 @@ impl Commands {
             }
             return;
         }
-        if cmd.data_out_len(unit::BLOCK).is_some() {
-            return self.write(pdu, cmd, task, slot);
+        if let Some(moved) = dispatch::data_out(&self.lun.unit, cmd, expected) {
+            return self.write(pdu, moved, task, slot);
         }
         let lun = self.lun.clone();
         let (outbox, params, reads) = (self.outbox.clone(), self.params, self.reads.clone());
@@ -254,58 +237,18 @@ impl Commands {
         });
     }
 
-    /// A command that takes data: checked, then gathered here until it
-    /// is whole.
-    fn write(&mut self, pdu: &Pdu, cmd: Command, task: Task, slot: Slot) {
+    /// A command that takes data, `moved` as [`dispatch::data_out`]
+    /// checked it: gathered here until it is whole.
+    fn write(
+        &mut self,
+        pdu: &Pdu,
+        moved: Result<(Command, u32, u32), Sense>,
+        task: Task,
+        slot: Slot,
+    ) {
         let b = pdu.bhs;
         let itt = b.itt();
         let expected = b.u32_at(20);
-        let wanted = cmd.data_out_len(unit::BLOCK).unwrap_or(0);
-        // Checked before any data is taken: a WRITE's range and size, a
-        // parameter list's size.
-        let checked = match cmd {
-            Command::Write { lba, blocks, .. }
-            | Command::WriteAndVerify { lba, blocks }
-            | Command::OrWrite { lba, blocks, .. }
-            | Command::Verify {
-                lba,
-                blocks,
-                bytchk: 1,
-            } => unit::transfer_len(&self.lun.unit, lba, blocks),
-            Command::Verify { lba, blocks, .. } => {
-                unit::transfer_len(&self.lun.unit, lba, blocks).map(|_| unit::BLOCK)
-            }
-            Command::CompareAndWrite { blocks, .. }
-                if blocks > respond::MAX_COMPARE_AND_WRITE_BLOCKS =>
-            {
-                Err(Sense::INVALID_FIELD_IN_CDB)
-            }
-            Command::CompareAndWrite { lba, blocks, .. } => {
-                check_range(lba, blocks, self.lun.unit.blocks).map(|()| wanted as u32)
-            }
-            _ if wanted > 65_536 => Err(Sense::PARAMETER_LIST_LENGTH),
-            _ => Ok(wanted as u32),
-        };
-        // What moves is the smaller of what the CDB names and what the
-        // initiator expects to send.
-        let moved = checked.and_then(|cdb_bytes| {
-            let total = cdb_bytes.min(expected);
-            match cmd {
-                // A partial last block is taken from the wire but not
-                // written; the residual tells the initiator.
-                Command::Write { .. } | Command::WriteAndVerify { .. } => {
-                    Ok((whole_blocks(cmd, total / unit::BLOCK), cdb_bytes, total))
-                }
-                // Compare and write data must come exactly as the CDB
-                // says (SBC-4 5.3); a length the CDB cannot name (256
-                // blocks and more wrap to 0) is caught here too.
-                Command::CompareAndWrite { .. } if expected != cdb_bytes => {
-                    Err(Sense::INVALID_FIELD_IN_CDB)
-                }
-                _ if total == cdb_bytes => Ok((cmd, cdb_bytes, total)),
-                _ => Err(Sense::PARAMETER_LIST_LENGTH),
-            }
-        });
         let (cmd, cdb_bytes, total) = match moved {
             Ok(m) => m,
             Err(sense) => return self.check(itt, sense),
@@ -500,28 +443,24 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     if !ctl.start() {
         return None;
     }
-    let outcome = match cmd {
-        Command::PersistentReserveIn { .. }
-        | Command::PersistentReserveOut { .. }
-        | Command::Reserve
-        | Command::Release
-        | Command::ModeSelect { .. } => unitwide::execute(lun, cmd, data).await,
-        _ => {
-            let groups = || lun.shared.ports.groups();
-            let wce = lun.served.lu.write_cache.on();
-            unit::execute(&lun.served.export, &lun.unit, wce, cmd, data, groups).await
+    let (export, wce) = (&lun.served.export, lun.served.lu.write_cache.on());
+    let medium = unit::medium(export, wce);
+    let groups = || lun.shared.ports.groups();
+    let outcome = match dispatch::decide(
+        &lun.served.lu,
+        &lun.nexus.name,
+        &lun.unit,
+        medium,
+        cmd,
+        groups,
+    ) {
+        Step::Answer(outcome) => outcome,
+        Step::UnitWide(cmd) => {
+            unitwide::execute(&lun.served, &lun.unit, &lun.nexus, cmd, data).await
         }
+        Step::Medium(cmd) => media::execute(export, &lun.unit, wce, cmd, data).await,
     };
     ctl.answer().then_some(outcome)
-}
-
-/// A WRITE or WRITE AND VERIFY cut to the `blocks` whose data came whole.
-fn whole_blocks(cmd: Command, blocks: u32) -> Command {
-    match cmd {
-        Command::Write { lba, fua, .. } => Command::Write { lba, blocks, fua },
-        Command::WriteAndVerify { lba, .. } => Command::WriteAndVerify { lba, blocks },
-        other => other,
-    }
 }
 
 /// RESERVATION CONFLICT: a status with no sense data.

@@ -13,7 +13,6 @@ mod conn;
 mod lu;
 mod media;
 mod out;
-mod ports;
 mod sessions;
 mod task;
 mod tmf;
@@ -25,7 +24,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use braid_iscsi::scsi::{AccessState, Sense};
+use braid_scsi::{ports, AccessState, Sense};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;

@@ -1,34 +1,17 @@
-//! The LUN behind an iSCSI target: how SCSI describes the export, and
-//! which commands it answers (those that touch the medium are in
+//! The LUN behind an iSCSI target as the store's export makes it: how
+//! SCSI describes the export, and what [`braid_scsi::dispatch`] needs to
+//! know of its storage (the commands that touch the medium are in
 //! [`super::media`]).
 
 use std::sync::Arc;
 
-use braid_iscsi::scsi::respond::{self, Unit};
-use braid_iscsi::scsi::{alua, check_range, opcodes, Command, PortGroup, Sense};
+use braid_scsi::dispatch::Medium;
+use braid_scsi::respond::Unit;
 
-use super::media;
+pub(crate) use braid_scsi::dispatch::{transfer_len, Outcome, BLOCK, MAX_TRANSFER};
 
 use crate::backend::Backend;
 use crate::export::{Export, Storage};
-
-/// Logical block size every LUN is offered with.
-pub const BLOCK: u32 = 512;
-
-/// Most bytes one READ or WRITE may move: bounds what one command can pin.
-pub const MAX_TRANSFER: u32 = 8 << 20;
-
-/// What a command answers.
-#[derive(Debug)]
-pub enum Outcome {
-    /// GOOD, with data for the initiator (possibly none).
-    Good(Vec<u8>),
-    /// CHECK CONDITION with this sense.
-    Check(Sense),
-    /// RESERVATION CONFLICT: another nexus holds a reservation this
-    /// command may not pass.
-    Conflict,
-}
 
 /// The unit as SCSI describes it through the portal with tag `tag`, of
 /// the target named `target`, served by the process `instance`.
@@ -65,125 +48,14 @@ pub(crate) fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
     }
 }
 
-/// Bytes a READ or WRITE moves, checked against the unit and the limit.
-///
-/// # Errors
-///
-/// The sense to answer.
-pub fn transfer_len(unit: &Unit, lba: u64, blocks: u32) -> Result<u32, Sense> {
-    check_range(lba, blocks, unit.blocks)?;
-    let bytes = u64::from(blocks) * u64::from(BLOCK);
-    u32::try_from(bytes)
-        .ok()
-        .filter(|b| *b <= MAX_TRANSFER)
-        .ok_or(Sense::INVALID_FIELD_IN_CDB)
-}
-
-/// A command sent to a LUN other than 0, where no unit is: REPORT LUNS
-/// and INQUIRY answer (peripheral qualifier 3: no unit here), the rest
-/// is LOGICAL UNIT NOT SUPPORTED.
-pub fn answer_other_lun(unit: &Unit, cmd: Command) -> Outcome {
-    match cmd {
-        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
-        Command::Inquiry { vpd: None, alloc } => {
-            let mut d = unit.inquiry(None, alloc).unwrap_or_default();
-            if let Some(b) = d.first_mut() {
-                *b = 0x7f;
-            }
-            Outcome::Good(d)
-        }
-        _ => Outcome::Check(Sense::LUN_NOT_SUPPORTED),
-    }
-}
-
-/// Carries out `cmd` on LUN 0; `data` is a WRITE's data, gathered;
-/// `groups` the target port groups as they stand; `write_cache` the
-/// caching page's WCE.
-pub async fn execute(
-    export: &Arc<Export>,
-    unit: &Unit,
-    write_cache: bool,
-    cmd: Command,
-    data: Option<Vec<u8>>,
-    groups: impl FnOnce() -> Vec<PortGroup>,
-) -> Outcome {
-    if backend(export).is_none() {
-        return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
-    }
-    let writes = matches!(
-        cmd,
-        Command::Write { .. }
-            | Command::WriteSame { .. }
-            | Command::Unmap { .. }
-            | Command::CompareAndWrite { .. }
-            | Command::WriteAndVerify { .. }
-            | Command::OrWrite { .. }
-    );
-    if writes && unit.read_only {
-        return Outcome::Check(Sense::WRITE_PROTECTED);
-    }
-    match cmd {
-        Command::TestUnitReady => Outcome::Good(Vec::new()),
-        Command::Inquiry { vpd, alloc } => result(unit.inquiry(vpd, alloc)),
-        Command::RequestSense { alloc } => Outcome::Good(respond::request_sense(None, alloc)),
-        Command::ReadCapacity10 => Outcome::Good(unit.read_capacity10()),
-        Command::ReadCapacity16 { alloc } => Outcome::Good(unit.read_capacity16(alloc)),
-        Command::ReportLuns { alloc } => Outcome::Good(respond::report_luns(&[0], alloc)),
-        Command::ModeSense {
-            page,
-            subpage,
-            control,
-            no_block_descriptors,
-            alloc,
-            ten,
-        } => result(unit.mode_sense(
-            page,
-            subpage,
-            control,
-            no_block_descriptors,
-            ten,
-            alloc,
-            write_cache,
-        )),
-        Command::ReportOpcodes {
-            options,
-            opcode,
-            action,
-            timeouts,
-            alloc,
-        } => result(opcodes::report(
-            options,
-            opcode,
-            action,
-            timeouts,
-            alloc,
-            |op, sa| offered(export, unit, op, sa),
-        )),
-        Command::ReportTargetPortGroups { extended, alloc } => {
-            Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
-        }
-        Command::Unmap { .. } | Command::GetLbaStatus { .. } if !unit.thin => {
-            Outcome::Check(Sense::INVALID_OPCODE)
-        }
-        Command::Unsupported { .. } => Outcome::Check(Sense::INVALID_OPCODE),
-        _ => media::execute(export, unit, write_cache, cmd, data).await,
-    }
-}
-
-/// Whether this unit carries out a command REPORT SUPPORTED OPERATION
-/// CODES lists: UNMAP and GET LBA STATUS where the backend keeps holes,
-/// COMPARE AND WRITE where no other gateway writes the image.
-fn offered(export: &Export, unit: &Unit, opcode: u8, action: Option<u16>) -> bool {
-    match (opcode, action) {
-        (0x42, _) | (0x9e, Some(0x12)) => unit.thin,
-        (0x89 | 0x8b, _) => export.peers.is_none(),
-        _ => true,
-    }
-}
-
-pub(crate) fn result(r: Result<Vec<u8>, Sense>) -> Outcome {
-    match r {
-        Ok(d) => Outcome::Good(d),
-        Err(s) => Outcome::Check(s),
+/// What the dispatch needs to know of `export`'s storage, with the
+/// caching page's WCE `write_cache`: whether this process has it, and
+/// whether COMPARE AND WRITE is offered (no other gateway writes the
+/// image).
+pub fn medium(export: &Export, write_cache: bool) -> Medium {
+    Medium {
+        present: backend(export).is_some(),
+        write_cache,
+        atomic: export.peers.is_none(),
     }
 }

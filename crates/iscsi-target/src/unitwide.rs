@@ -1,5 +1,7 @@
-//! Commands that change the unit for every nexus: PERSISTENT RESERVE
-//! IN/OUT, RESERVE/RELEASE and MODE SELECT.
+//! Commands that change the unit for every nexus and must be kept before
+//! they are answered: PERSISTENT RESERVE OUT and MODE SELECT (PERSISTENT
+//! RESERVE IN, RESERVE and RELEASE are answered by
+//! [`braid_scsi::dispatch::decide`]).
 //!
 //! A PERSISTENT RESERVE OUT is decided on a copy of the reservations,
 //! saved (when the initiator asked for them to outlive a restart) and only
@@ -11,49 +13,38 @@
 use std::io::{self, Write};
 use std::path::Path;
 
-use braid_iscsi::scsi::reserve::Effects;
-use braid_iscsi::scsi::respond::mode_select;
-use braid_iscsi::scsi::{Command, Key, Refusal, Reservations, Sense};
+use braid_scsi::dispatch::{reserve_out, Outcome};
+use braid_scsi::reserve::Effects;
+use braid_scsi::respond::{mode_select, Unit};
+use braid_scsi::{Command, Key, Reservations, Sense};
 use tracing::{info, warn};
 
-use super::command::Lun;
+use super::lu::Nexus;
 use super::task::abort_all;
-use super::unit::Outcome;
+use super::Served;
 
 const MODE_PARAMETERS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x01);
 const INTERNAL_TARGET_FAILURE: Sense = Sense::new(Key::HardwareError, 0x44, 0x00);
 
-fn refused(r: Refusal) -> Outcome {
-    match r {
-        Refusal::Conflict => Outcome::Conflict,
-        Refusal::Check(s) => Outcome::Check(s),
-    }
-}
-
-/// Carries out `cmd` (one of those this module owns) for `lun`'s nexus.
-pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> Outcome {
-    let lu = &lun.served.lu;
-    let me = &lun.nexus.name;
+/// Carries out `cmd` (PERSISTENT RESERVE OUT or MODE SELECT, as
+/// [`braid_scsi::dispatch::decide`] hands them over) for `nexus` on
+/// `served`'s unit, described as `unit`.
+pub(crate) async fn execute(
+    served: &Served,
+    unit: &Unit,
+    nexus: &Nexus,
+    cmd: Command,
+    data: Option<Vec<u8>>,
+) -> Outcome {
+    let lu = &served.lu;
     match cmd {
-        Command::PersistentReserveIn { action, alloc } => {
-            match lu.reservations().read(action, alloc) {
-                Ok(d) => Outcome::Good(d),
-                Err(s) => Outcome::Check(s),
-            }
-        }
-        Command::PersistentReserveOut {
-            action,
-            scope,
-            kind,
-            ..
-        } => {
+        Command::PersistentReserveOut { action, .. } => {
             let params = data.unwrap_or_default();
             let fx = {
                 let mut current = lu.reservations();
-                let mut next = current.clone();
-                let fx = match next.out(me, action, scope, kind, &params) {
-                    Ok(fx) => fx,
-                    Err(r) => return refused(r),
+                let (next, fx) = match reserve_out(&current, &nexus.name, cmd, &params) {
+                    Ok(decided) => decided,
+                    Err(answer) => return answer,
                 };
                 if fx.changed {
                     if let Some(path) = &lu.saved {
@@ -66,20 +57,12 @@ pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> O
                 *current = next;
                 fx
             };
-            carry_out(lun, action, fx).await;
+            carry_out(served, action, fx).await;
             Outcome::Good(Vec::new())
         }
-        Command::Reserve => match lu.reservations().reserve(me) {
-            Ok(()) => Outcome::Good(Vec::new()),
-            Err(r) => refused(r),
-        },
-        Command::Release => match lu.reservations().release(me) {
-            Ok(()) => Outcome::Good(Vec::new()),
-            Err(r) => refused(r),
-        },
         Command::ModeSelect { ten, .. } => {
             let params = data.unwrap_or_default();
-            let wce = match mode_select(&lun.unit, &params, ten, lu.write_cache.on()) {
+            let wce = match mode_select(unit, &params, ten, lu.write_cache.on()) {
                 Ok(wce) => wce,
                 Err(s) => return Outcome::Check(s),
             };
@@ -88,10 +71,10 @@ pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> O
                 Ok(true) => {
                     info!(
                         write_cache = wce,
-                        target = %lun.served.name,
+                        target = %served.name,
                         "iSCSI MODE SELECT changed the write cache"
                     );
-                    lu.raise(MODE_PARAMETERS_CHANGED, Some(lun.nexus.id));
+                    lu.raise(MODE_PARAMETERS_CHANGED, Some(nexus.id));
                     Outcome::Good(Vec::new())
                 }
                 Err(e) => {
@@ -106,8 +89,8 @@ pub(crate) async fn execute(lun: &Lun, cmd: Command, data: Option<Vec<u8>>) -> O
 
 /// What a PERSISTENT RESERVE OUT does to other nexuses: their tasks
 /// aborted (PREEMPT AND ABORT) and the unit attentions they are owed.
-async fn carry_out(lun: &Lun, action: u8, fx: Effects) {
-    let lu = &lun.served.lu;
+async fn carry_out(served: &Served, action: u8, fx: Effects) {
+    let lu = &served.lu;
     if !fx.abort.is_empty() {
         let ids: Vec<u64> = fx.abort.iter().flat_map(|n| lu.ids_of(n)).collect();
         info!(
@@ -117,11 +100,7 @@ async fn carry_out(lun: &Lun, action: u8, fx: Effects) {
         );
         abort_all(&lu.tasks.select(|n, _| ids.contains(&n))).await;
     }
-    for (name, sense) in fx.tell {
-        for id in lu.ids_of(&name) {
-            lu.raise_on(id, sense);
-        }
-    }
+    lu.tell(fx.tell);
     if action == 3 {
         info!("persistent reservations cleared");
     }

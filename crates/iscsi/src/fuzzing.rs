@@ -193,25 +193,9 @@ fn parse_all(d: &[u8]) {
     }
 }
 
-/// The fuzz target `iscsi_unit`: what a target's logical unit reads from
-/// an initiator beyond the PDU: the first 16 bytes are a CDB, the rest
-/// its parameter list (and, split in two, the bytes of a second nexus'
-/// PERSISTENT RESERVE OUT). Every parser and state change of the SCSI
-/// layer sees it; beyond "never panics" it checks that the reservations
-/// read back what they saved.
-pub fn unit(data: &[u8]) {
-    use crate::scsi::cdb::unmap_ranges;
-    use crate::scsi::respond::{mode_select, Unit};
-    use crate::scsi::{opcodes, Command, NexusName, Reservations};
-
-    if data.len() < 16 {
-        return;
-    }
-    let (cdb, params) = data.split_at(16);
-    let Ok(cmd) = Command::parse(cdb) else {
-        return;
-    };
-    let unit = Unit {
+/// The unit both target-side fuzz targets serve: 512 MiB, thin.
+fn fuzzed_unit() -> braid_scsi::respond::Unit {
+    braid_scsi::respond::Unit {
         blocks: 1 << 20,
         block_size: 512,
         uuid: [7; 16],
@@ -224,74 +208,148 @@ pub fn unit(data: &[u8]) {
         port_group: 1,
         target_port: "iqn.2026-11.org.braid-storage:vol,t,0x0001".into(),
         instance: None,
-    };
-    let (a, b) = (
-        NexusName::new("iqn.2026-11.org.example:a", [0x80, 0, 0, 0, 0, 1], 1),
-        NexusName::new("iqn.2026-11.org.example:b", [0x80, 0, 0, 0, 0, 2], 2),
-    );
-    let mut r = Reservations::default();
-    match cmd {
-        Command::PersistentReserveOut {
-            action,
-            scope,
-            kind,
-            ..
-        } => {
-            let (first, second) = params.split_at(params.len().min(24));
-            for (n, p) in [(&a, first), (&b, second), (&a, second), (&b, first)] {
-                let _ = r.out(n, action, scope, kind, p);
-                let _ = r.conflicts(n, &cmd);
-                let _ = r.reserve(n);
-            }
-            let back = Reservations::load(&r.save()).expect("braid reads what it saved");
-            assert_eq!(
-                back.save(),
-                r.save(),
-                "saved reservations read back the same"
-            );
-            for sa in 0..4 {
-                let _ = r.read(sa, u16::MAX);
-            }
-        }
-        Command::ModeSelect { ten, .. } => {
-            let _ = mode_select(&unit, params, ten, true);
-        }
-        Command::Unmap { .. } => {
-            let _ = unmap_ranges(params, 256);
-        }
-        Command::ReportOpcodes {
-            options,
-            opcode,
-            action,
-            timeouts,
-            alloc,
-        } => {
-            let _ = opcodes::report(options, opcode, action, timeouts, alloc, |_, _| true);
-        }
-        Command::Inquiry { vpd, alloc } => {
-            let _ = unit.inquiry(vpd, alloc);
-        }
-        Command::ModeSense {
-            page,
-            subpage,
-            control,
-            no_block_descriptors,
-            alloc,
-            ten,
-        } => {
-            let _ = unit.mode_sense(
-                page,
-                subpage,
-                control,
-                no_block_descriptors,
-                ten,
-                alloc,
-                true,
-            );
-        }
-        _ => {}
     }
+}
+
+/// The fuzz target `iscsi_unit`: what a target's logical unit reads from
+/// an initiator beyond the PDU: the first 16 bytes are a CDB, the rest
+/// its parameter list (and, split in two, what a second nexus sends with
+/// the same CDB). The command goes the way the iSCSI target sends every
+/// command, [`braid_scsi::dispatch`]: admitted (unit attentions, access
+/// state), checked against the reservations, its data sized, decided;
+/// what it hands back to be kept is decided as the target decides it
+/// ([`braid_scsi::dispatch::reserve_out`], MODE SELECT's page parser).
+/// What the medium does is the store's executor's; of it only UNMAP's
+/// parameter list is read here. Beyond "never panics" it checks that the
+/// reservations read back what they saved. Returns how many of the four
+/// times the command was sent it was decided (got past the unit
+/// attentions, the access state and the sizing of its data), so the
+/// replay can check the seeds reach the decision.
+pub fn unit(data: &[u8]) -> usize {
+    use braid_scsi::cdb::unmap_ranges;
+    use braid_scsi::dispatch::{self, Medium, Outcome, Step};
+    use braid_scsi::lu::{LogicalUnit, Nexus};
+    use braid_scsi::respond::mode_select;
+    use braid_scsi::{AccessState, Command, NexusName, PortGroup, Reservations};
+
+    if data.len() < 16 {
+        return 0;
+    }
+    let (cdb, params) = data.split_at(16);
+    let Ok(cmd) = Command::parse(cdb) else {
+        return 0;
+    };
+    let unit = fuzzed_unit();
+    let lu = std::sync::Arc::new(LogicalUnit::new(Reservations::default()));
+    let (a, b) = (
+        lu.join(NexusName::new(
+            "iqn.2026-11.org.example:a",
+            [0x80, 0, 0, 0, 0, 1],
+            1,
+        )),
+        lu.join(NexusName::new(
+            "iqn.2026-11.org.example:b",
+            [0x80, 0, 0, 0, 0, 2],
+            2,
+        )),
+    );
+    let medium = Medium {
+        present: true,
+        write_cache: true,
+        atomic: true,
+    };
+    let groups = || {
+        vec![
+            PortGroup {
+                id: 1,
+                state: AccessState::ActiveOptimized,
+                ports: vec![1],
+            },
+            PortGroup {
+                id: 2,
+                state: AccessState::Standby,
+                ports: vec![2],
+            },
+        ]
+    };
+    // `cmd` from `n` with `params` as its data, as the target answers it
+    // (an initiator sending the length its CDB names).
+    let decided = std::cell::Cell::new(0);
+    let send = |n: &Nexus, cmd: Command, params: &[u8]| -> Outcome {
+        if let Some(o) = dispatch::admit(&unit, n, AccessState::ActiveOptimized, 0, &cmd) {
+            return o;
+        }
+        if lu.conflicts(&n.name, &cmd) {
+            return Outcome::Conflict;
+        }
+        let expected = cmd
+            .data_out_len(512)
+            .map_or(0, |l| l.min(u64::from(u32::MAX)) as u32);
+        let (cmd, data) = match dispatch::data_out(&unit, cmd, expected) {
+            None => (cmd, Vec::new()),
+            Some(Err(sense)) => return Outcome::Check(sense),
+            Some(Ok((cmd, _, total))) => {
+                let mut d = params[..params.len().min(total as usize)].to_vec();
+                d.resize(total as usize, 0);
+                (cmd, d)
+            }
+        };
+        decided.set(decided.get() + 1);
+        match dispatch::decide(&lu, &n.name, &unit, medium, cmd, groups) {
+            Step::Answer(o) => o,
+            Step::UnitWide(Command::ModeSelect { ten, .. }) => mode_select(&unit, &data, ten, true)
+                .map(|_| Vec::new())
+                .into(),
+            Step::UnitWide(cmd) => {
+                let mut current = lu.reservations();
+                match dispatch::reserve_out(&current, &n.name, cmd, &data) {
+                    Ok((next, fx)) => {
+                        let back =
+                            Reservations::load(&next.save()).expect("braid reads what it saved");
+                        assert_eq!(
+                            back.save(),
+                            next.save(),
+                            "saved reservations read back the same"
+                        );
+                        *current = next;
+                        drop(current);
+                        lu.tell(fx.tell);
+                        Outcome::Good(Vec::new())
+                    }
+                    Err(o) => o,
+                }
+            }
+            Step::Medium(Command::Unmap { .. }) => {
+                unmap_ranges(&data, 256).map(|_| Vec::new()).into()
+            }
+            Step::Medium(_) => Outcome::Good(Vec::new()),
+        }
+    };
+    // Each nexus takes the power on condition first, as initiators do.
+    for n in [&a, &b] {
+        send(n, Command::TestUnitReady, &[]);
+    }
+    let (first, second) = params.split_at(params.len().min(24));
+    let mut fuzzed = 0;
+    for (n, p) in [(&a, first), (&b, second), (&a, second), (&b, first)] {
+        let before = decided.get();
+        send(n, cmd, p);
+        fuzzed += decided.get() - before;
+        send(n, Command::Reserve, &[]);
+    }
+    for action in 0..4 {
+        send(
+            &a,
+            Command::PersistentReserveIn {
+                action,
+                alloc: u16::MAX,
+            },
+            &[],
+        );
+    }
+    send(&b, Command::Release, &[]);
     let _ = Reservations::load(&String::from_utf8_lossy(params));
+    fuzzed
 }
 
 /// What the `iscsi_target` fuzz target returns: how far an input got.
@@ -315,9 +373,10 @@ pub fn target(data: &[u8]) -> TargetReached {
     use crate::login::{Step, TargetConfig, TargetLogin};
     use crate::negotiate;
     use crate::pdu::Opcode;
-    use crate::scsi::Command as Cdb;
     use crate::transfer::WriteTransfer;
     use crate::window::Window;
+    use braid_scsi::dispatch::data_out;
+    use braid_scsi::Command as Cdb;
 
     let Some((&mode, rest)) = data.split_first() else {
         return TargetReached::default();
@@ -349,6 +408,7 @@ pub fn target(data: &[u8]) -> TargetReached {
     let mut reached = TargetReached::default();
     let mut window = Window::new(0, 64);
     let mut writes: HashMap<u32, (WriteTransfer, u32)> = HashMap::new();
+    let unit = fuzzed_unit();
     for _ in 0..MAX_PDUS {
         let Ok(Some(pdu)) = framer.next(&mut buf) else {
             break;
@@ -381,8 +441,9 @@ pub fn target(data: &[u8]) -> TargetReached {
                 let Ok(cmd) = Cdb::parse(&b.0[32..48]) else {
                     continue;
                 };
-                if let Some(len) = cmd.data_out_len(512) {
-                    let total = u32::try_from(len).unwrap_or(u32::MAX).min(1 << 20);
+                // Sized as the target sizes it: what the CDB names, cut
+                // to what the initiator said it would send.
+                if let Some(Ok((_, _, total))) = data_out(&unit, cmd, b.u32_at(20)) {
                     let p = &s.params;
                     if let Ok(mut t) = WriteTransfer::new(
                         total,

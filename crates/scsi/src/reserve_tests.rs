@@ -308,6 +308,45 @@ fn saved_state_reads_back_as_it_was() {
     );
 }
 
+#[test]
+fn initiator_names_with_any_byte_round_trip_through_the_file() {
+    // A space split the old line into too many fields (the file no longer
+    // loaded, so the server did not start); a newline wrote a line of the
+    // initiator's choosing.
+    let names = [
+        "iqn.2026-11.org.example:with space",
+        "iqn.2026-11.org.example:a\nregister 00000000000000ff 1 iqn.forged,i,0x01",
+        "iqn.2026-11.org.example:a=b %41 %zz\r\t\\",
+        "iqn.2026-11.org.example:\u{e9}t\u{e9}\u{0}\u{7f}",
+    ];
+    let nexuses: Vec<NexusName> = (0u8..)
+        .zip(names)
+        .map(|(i, n)| NexusName::new(n, [0x80, 0, 0, 0, 0, i], 1))
+        .collect();
+    let mut r = Reservations::default();
+    for (key, n) in (0x100..).zip(&nexuses) {
+        r.out(n, REGISTER, 0, 0, &params(0, key, true)).unwrap();
+    }
+    r.out(&nexuses[1], RESERVE, 0, EA, &params(0x101, 0, false))
+        .unwrap();
+    let text = r.save();
+    assert_eq!(Reservations::load(&text), Ok(r), "saved as:\n{text}");
+}
+
+#[test]
+fn a_file_written_before_names_were_escaped_still_loads() {
+    let holder = NexusName::new("iqn.2026-11.org.example:n%41", [0x80, 0, 0, 0, 0, 1], 1);
+    let old = "generation 3\n\
+               register 000000000000feed 1 iqn.2026-11.org.example:n%41,i,0x800000000001\n\
+               reserve 3 1 iqn.2026-11.org.example:n%41,i,0x800000000001\n";
+    let r = Reservations::load(old).unwrap();
+    assert!(
+        !r.conflicts(&holder, &read()),
+        "the holder's name is read as written"
+    );
+    assert!(r.conflicts(&nexus(9, 1), &read()));
+}
+
 fn everything(_: u8, _: Option<u16>) -> bool {
     true
 }

@@ -7,7 +7,10 @@
 //! the relative target port it came through, so a session that logs in
 //! again on the same path keeps its registration. What must survive a
 //! restart is [`Reservations::save`]d as text when the last REGISTER asked
-//! for it (APTPL) and read back with [`Reservations::load`].
+//! for it (APTPL) and read back with [`Reservations::load`] (the format is
+//! `reserve/file.rs`'s).
+
+mod file;
 
 use super::cdb::Command;
 use super::sense::{Key, Sense};
@@ -565,57 +568,5 @@ impl Reservations {
         }
         d.truncate(usize::from(alloc));
         Ok(d)
-    }
-
-    /// The state as text, one item a line, for a file that outlives a
-    /// restart.
-    pub fn save(&self) -> String {
-        let mut s = format!("generation {}\n", self.generation);
-        for (r, k) in &self.registrations {
-            s += &format!("register {k:016x} {} {}\n", r.target_port, r.initiator_port);
-        }
-        if let Some((h, t)) = &self.holder {
-            s += &format!(
-                "reserve {} {} {}\n",
-                *t as u8, h.target_port, h.initiator_port
-            );
-        }
-        s
-    }
-
-    /// The state [`Reservations::save`] wrote.
-    ///
-    /// # Errors
-    ///
-    /// The line that could not be read.
-    pub fn load(text: &str) -> Result<Self, String> {
-        let mut r = Reservations {
-            aptpl: true,
-            ..Default::default()
-        };
-        for (i, line) in text.lines().enumerate() {
-            let bad = || format!("line {}: {line:?}", i + 1);
-            let f: Vec<&str> = line.split(' ').collect();
-            let nexus = |port: &str, name: &str| -> Result<NexusName, String> {
-                Ok(NexusName {
-                    initiator_port: name.to_owned(),
-                    target_port: port.parse().map_err(|_| bad())?,
-                })
-            };
-            match f.as_slice() {
-                ["generation", g] => r.generation = g.parse().map_err(|_| bad())?,
-                ["register", k, port, name] => {
-                    let k = u64::from_str_radix(k, 16).map_err(|_| bad())?;
-                    r.registrations.push((nexus(port, name)?, k));
-                }
-                ["reserve", t, port, name] => {
-                    let t = t.parse().ok().and_then(Type::from_code).ok_or_else(bad)?;
-                    r.holder = Some((nexus(port, name)?, t));
-                }
-                [""] => {}
-                _ => return Err(bad()),
-            }
-        }
-        Ok(r)
     }
 }

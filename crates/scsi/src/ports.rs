@@ -8,11 +8,11 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use braid_iscsi::scsi::{AccessState, PortGroup};
+use crate::{AccessState, PortGroup};
 
 /// One portal.
 #[derive(Debug)]
-pub(crate) struct Port {
+pub struct Port {
     pub addr: SocketAddr,
     /// Portal group tag, relative target port id and target port group
     /// id, all one number.
@@ -32,7 +32,7 @@ impl Port {
 
 /// Every portal, in the order they were given.
 #[derive(Debug)]
-pub(crate) struct PortTable {
+pub struct PortTable {
     ports: Vec<Port>,
 }
 
