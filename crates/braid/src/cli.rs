@@ -51,6 +51,55 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line of this process, read by clap.
+    pub fn parse_env() -> Self {
+        Self::parse_from(iscsi_port_apart(std::env::args_os()))
+    }
+
+    /// As `parse_env`, from given words; for tests.
+    #[cfg(test)]
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        Self::try_parse_from(iscsi_port_apart(args.into_iter().map(Into::into)))
+    }
+}
+
+/// `braid serve --iscsi 3261` was the way to give the port before it had
+/// to follow `=`, and scripts have it: a word of digits after `--iscsi`
+/// cannot be an export (NAME=SOURCE), so it is still taken as the port.
+fn iscsi_port_apart(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    // The subcommand is the first word that is not a flag (the global
+    // flags, -v and -q, take no value).
+    let Some(sub) = args
+        .iter()
+        .skip(1)
+        .position(|a| !a.to_string_lossy().starts_with('-'))
+    else {
+        return args;
+    };
+    if args[sub + 1] != "serve" {
+        return args;
+    }
+    let mut i = sub + 2;
+    while i + 1 < args.len() && args[i] != "--" {
+        let digits = args[i + 1]
+            .to_str()
+            .is_some_and(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit()));
+        if args[i] == "--iscsi" && digits {
+            let mut joined = std::ffi::OsString::from("--iscsi=");
+            joined.push(args.remove(i + 1));
+            args[i] = joined;
+        }
+        i += 1;
+    }
+    args
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Export volumes over NBD on one or more portals (runs in the foreground)
@@ -660,8 +709,19 @@ pub struct ServeArgs {
     /// Also serve every export over iSCSI, as LUN 0 of target
     /// iqn.2026-11.org.braid-storage:NAME (see --iscsi-iqn), on every
     /// portal's address at PORT [default: 3260]; each portal is its own
-    /// ALUA port group, all active/optimized
-    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "3260")]
+    /// ALUA port group, all active/optimized. Give the port with `=`
+    /// (--iscsi=3261): a word after a bare --iscsi is an export
+    // require_equals: an optional value that may stand apart takes the
+    // export after it (`--iscsi vol=/srv/v.img`) as its port.
+    // `--iscsi 3261`, which cannot be an export, still means the port:
+    // see `Cli::parse_args`.
+    #[arg(
+        long,
+        value_name = "PORT",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "3260"
+    )]
     pub iscsi: Option<u16>,
 
     /// Name iSCSI targets PREFIX:NAME instead, e.g.
@@ -847,5 +907,59 @@ mod tests {
             })
             .collect();
         assert_eq!(listed, braid_policy::NAMES);
+    }
+
+    fn serve(args: &[&str]) -> Result<super::ServeArgs, clap::Error> {
+        let argv = ["braid", "serve"].iter().chain(args).copied();
+        match super::Cli::try_parse_args(argv)?.command {
+            super::Command::Serve(args) => Ok(args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    /// `--iscsi` before an export, the order people write first, leaves the
+    /// export an export.
+    #[test]
+    fn iscsi_takes_no_export_as_its_port() {
+        let args = serve(&["--listen", "127.0.0.1", "--iscsi", "vol=/srv/v.img"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(args.iscsi, Some(3260));
+        assert_eq!(args.exports.len(), 1);
+    }
+
+    /// The spellings of the port that were never ambiguous still work.
+    #[test]
+    fn iscsi_port_spellings() {
+        for (words, port) in [
+            (&["--iscsi=3261", "vol=mem:1MiB"][..], Some(3261)),
+            (&["--iscsi", "3261", "vol=mem:1MiB"][..], Some(3261)),
+            (&["vol=mem:1MiB", "--iscsi", "3261"][..], Some(3261)),
+            (&["-v", "vol=mem:1MiB", "--iscsi"][..], Some(3260)),
+            (
+                &["--iscsi", "--listen", "127.0.0.1", "vol=mem:1MiB"][..],
+                Some(3260),
+            ),
+            (&["vol=mem:1MiB"][..], None),
+        ] {
+            let args = serve(words).unwrap_or_else(|e| panic!("{words:?}: {e}"));
+            assert_eq!(args.iscsi, port, "{words:?}");
+            assert_eq!(args.exports.len(), 1, "{words:?}");
+        }
+        // Only serve's --iscsi is rewritten, and not past `--`.
+        let argv = ["braid", "-v", "serve", "--", "--iscsi", "3261"].map(std::ffi::OsString::from);
+        assert_eq!(super::iscsi_port_apart(argv.clone()), argv.to_vec());
+    }
+
+    /// The help shows the port joined by `=`.
+    #[test]
+    fn iscsi_help_teaches_equals() {
+        use clap::CommandFactory;
+        let mut cmd = super::Cli::command();
+        let help = cmd
+            .find_subcommand_mut("serve")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--iscsi[=<PORT>]"), "{help}");
     }
 }
