@@ -33,6 +33,8 @@ pub use digest::Digests;
 pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};
 
 #[cfg(test)]
+mod login_limits_tests;
+#[cfg(test)]
 mod login_tests;
 #[cfg(test)]
 mod tests;

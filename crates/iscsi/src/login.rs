@@ -35,6 +35,7 @@ impl Status {
     pub const MISSING_PARAMETER: Status = Status(2, 7);
     pub const SESSION_TYPE_UNSUPPORTED: Status = Status(2, 9);
     pub const INVALID_DURING_LOGIN: Status = Status(2, 0x0b);
+    pub const INITIATOR_ERROR: Status = Status(2, 0);
     pub const TARGET_ERROR: Status = Status(3, 0);
 }
 
@@ -144,6 +145,11 @@ impl TargetLogin {
         }
     }
 
+    /// Bytes of continued login text held.
+    pub fn buffered(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Handles one PDU of the login phase.
     pub fn handle(&mut self, req: &Pdu) -> Step {
         let b = &req.bhs.0;
@@ -191,6 +197,13 @@ impl TargetLogin {
         }
         // The security stage may be skipped by starting in operational.
         self.stage = csg;
+        if self.pending.len() + req.data.len() > text::MAX_TEXT {
+            let why = format!(
+                "login text past {} bytes (over continued PDUs): more than any login needs",
+                text::MAX_TEXT
+            );
+            return self.fail(req, Status::INITIATOR_ERROR, &why);
+        }
         self.pending.extend_from_slice(&req.data);
         if more {
             // The rest of the text follows; acknowledge with no keys.

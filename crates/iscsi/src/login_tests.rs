@@ -13,7 +13,7 @@ use crate::text;
 const TARGET: &str = "iqn.2026-11.org.example:vol";
 const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
-fn target() -> TargetLogin {
+pub(crate) fn target() -> TargetLogin {
     TargetLogin::new(TargetConfig {
         targets: vec![TARGET.into()],
         params: Params {

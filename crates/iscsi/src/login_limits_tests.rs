@@ -1,0 +1,90 @@
+//! The target's login against hostile and old initiators: text that never
+//! ends, names that are not names, keys of RFC 3720 that RFC 7143
+//! obsoleted.
+
+use bytes::Bytes;
+
+use std::cell::Cell;
+use std::hash::{BuildHasher, RandomState};
+use std::rc::Rc;
+
+use crate::login::{Status, Step, SECURITY};
+use crate::login_tests::target;
+use crate::pdu::{Bhs, Opcode, Pdu};
+use crate::text;
+
+/// At least `bytes` of distinct keys, 10 bytes each (`X-00002a=\0`).
+fn distinct_keys(bytes: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
+    let mut i = 0u32;
+    while out.len() < bytes {
+        out.extend_from_slice(format!("X-{i:06x}=\0").as_bytes());
+        i += 1;
+    }
+    out
+}
+
+fn continued(data: &[u8], more: bool) -> Pdu {
+    let mut bhs = Bhs::new(Opcode::LoginRequest);
+    bhs.set_immediate(true);
+    bhs.0[1] = (u8::from(more) << 6) | (SECURITY << 2);
+    bhs.set_itt(0x77);
+    Pdu::new(bhs, Bytes::copy_from_slice(data))
+}
+
+/// 256 KiB of distinct keys over continued Login PDUs is refused as soon
+/// as the text passes 64 KiB, before it is parsed, and what the login
+/// holds never passes that.
+#[test]
+fn login_text_past_64_kib_is_refused_as_it_arrives() {
+    let mut t = target();
+    let text = distinct_keys(256 * 1024);
+    let mut sent = 0;
+    for (i, chunk) in text.chunks(8192).enumerate() {
+        let last = sent + chunk.len() == text.len();
+        sent += chunk.len();
+        match t.handle(&continued(chunk, !last)) {
+            Step::Continue(_) if sent <= text::MAX_TEXT => {
+                assert!(t.buffered() <= text::MAX_TEXT);
+            }
+            Step::Fail(resp, status, why) => {
+                assert!(sent > text::MAX_TEXT, "refused at {sent} bytes: {why}");
+                assert_eq!(status, Status::INITIATOR_ERROR);
+                assert_eq!((resp.bhs.0[36], resp.bhs.0[37]), (2, 0));
+                assert!(why.contains("65536"), "{why}");
+                return;
+            }
+            step => panic!(
+                "PDU {i}: {sent} bytes of login text in, answered {}",
+                match step {
+                    Step::Continue(_) => "Continue",
+                    Step::Complete(..) => "Complete",
+                    Step::Fail(..) => "Fail",
+                }
+            ),
+        }
+    }
+    panic!("256 KiB of login text accepted");
+}
+
+/// Parsing hashes each key once: no scan of the keys before it per key.
+#[test]
+fn text_parsing_hashes_each_key_once() {
+    let data = distinct_keys(64 * 1024);
+    let keys = data.iter().filter(|&&b| b == 0).count();
+    let hashed = Rc::new(Cell::new(0));
+    let pairs = text::parse_with(&data, Counting(hashed.clone(), RandomState::new())).unwrap();
+    assert_eq!(pairs.len(), keys);
+    assert_eq!(hashed.get(), keys);
+}
+
+/// A hasher that counts the hashes taken.
+struct Counting(Rc<Cell<usize>>, RandomState);
+
+impl BuildHasher for Counting {
+    type Hasher = <RandomState as BuildHasher>::Hasher;
+    fn build_hasher(&self) -> Self::Hasher {
+        self.0.set(self.0.get() + 1);
+        self.1.build_hasher()
+    }
+}
