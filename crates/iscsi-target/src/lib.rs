@@ -16,6 +16,7 @@ mod out;
 mod ports;
 mod sessions;
 mod task;
+mod textreq;
 mod tmf;
 mod unit;
 mod unitwide;

@@ -8,7 +8,9 @@
 //! [`login`] is the target's side of a login (CHAP or none); [`scsi`]
 //! reads the CDBs a block target answers, writes their data and sense,
 //! and holds the rules of ALUA access states and unit attentions;
-//! [`discovery`] answers SendTargets with every portal; [`window`] keeps
+//! [`discovery`] answers SendTargets with every portal, and
+//! [`text_exchange`] sends a long answer over as many Text Responses as
+//! the initiator asks for; [`window`] keeps
 //! the command numbering; [`transfer`] cuts READ data into Data-In and
 //! gathers WRITE data from immediate data, unsolicited Data-Out and R2Ts.
 //! [`initiator`] is the other side: the initiator's login (CHAP and
@@ -26,6 +28,7 @@ pub mod negotiate;
 pub mod pdu;
 pub mod scsi;
 pub mod text;
+pub mod text_exchange;
 pub mod transfer;
 pub mod window;
 
