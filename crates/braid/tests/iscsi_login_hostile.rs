@@ -288,3 +288,35 @@ fn libiscsi_lists_every_one_of_many_targets() {
     // A line per target and portal.
     assert_eq!(listed.matches("Target:").count(), 300, "{listed}");
 }
+
+/// A login whose InitiatorName has a newline in it (a forged line in any
+/// line-based record of names) is refused with 0x0207, and the log says
+/// what was wrong with the name.
+#[test]
+fn a_login_under_a_name_that_is_not_a_name_is_refused() {
+    let port = free_port();
+    let serve = Serve::start(&[&format!("--iscsi={port}"), "vol=mem:1MiB"]);
+    let mut raw = Raw::connect(port);
+    let resp = raw.login(&[
+        ("InitiatorName", "iqn.2026-11.org.example:a\nforged 1 2 3"),
+        ("SessionType", "Normal"),
+        ("TargetName", "iqn.2026-11.org.braid-storage:vol"),
+    ]);
+    assert_eq!(status(&resp), (2, 7), "{}", serve.log());
+    assert!(raw.recv().is_none(), "the connection ends");
+    assert!(
+        logged(
+            &serve,
+            r#"InitiatorName "iqn.2026-11.org.example:a\nforged 1 2 3" has '\n' at byte 25"#
+        ),
+        "{}",
+        serve.log()
+    );
+    let mut raw = Raw::connect(port);
+    let resp = raw.login(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Normal"),
+        ("TargetName", "iqn.2026-11.org.braid-storage:vol"),
+    ]);
+    assert_eq!(status(&resp), (0, 0), "a name that is one logs in");
+}

@@ -24,6 +24,7 @@ pub mod discovery;
 pub mod fuzzing;
 pub mod initiator;
 pub mod login;
+pub mod names;
 pub mod negotiate;
 pub mod pdu;
 pub mod scsi;

@@ -14,6 +14,7 @@
 use bytes::Bytes;
 
 use crate::chap::{self, Credentials};
+use crate::names;
 use crate::negotiate::{self, Params};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
@@ -291,7 +292,10 @@ impl TargetLogin {
     ) -> Result<(), (Status, String)> {
         for (key, value) in pairs {
             match key.as_str() {
-                "InitiatorName" => self.initiator = Some(value.clone()),
+                "InitiatorName" => {
+                    named("InitiatorName", value)?;
+                    self.initiator = Some(value.clone());
+                }
                 "SessionType" => {
                     self.kind = match value.as_str() {
                         "Discovery" => SessionType::Discovery,
@@ -305,6 +309,7 @@ impl TargetLogin {
                     }
                 }
                 "TargetName" => {
+                    named("TargetName", value)?;
                     if !self.cfg.targets.iter().any(|t| t == value) {
                         return Err((Status::NOT_FOUND, format!("no target named {value:?} here")));
                     }
@@ -442,4 +447,13 @@ impl TargetLogin {
         let resp = self.response(req, false, 0, Bytes::new(), status);
         Step::Fail(resp, status, why.to_owned())
     }
+}
+
+/// Refuses a name that is not an iSCSI name with 0x0207 (RFC 7143 gives
+/// that status to a missing or invalid parameter).
+fn named(key: &str, value: &str) -> Result<(), (Status, String)> {
+    names::check(value).map_err(|e| {
+        let shown: String = value.chars().take(80).collect();
+        (Status::MISSING_PARAMETER, format!("{key} {shown:?} {e}"))
+    })
 }

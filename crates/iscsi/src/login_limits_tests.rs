@@ -8,8 +8,8 @@ use std::cell::Cell;
 use std::hash::{BuildHasher, RandomState};
 use std::rc::Rc;
 
-use crate::login::{Status, Step, SECURITY};
-use crate::login_tests::target;
+use crate::login::{Status, Step, FULL_FEATURE, OPERATIONAL, SECURITY};
+use crate::login_tests::{request, target, TARGET};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
 
@@ -87,4 +87,82 @@ impl BuildHasher for Counting {
         self.0.set(self.0.get() + 1);
         self.1.build_hasher()
     }
+}
+
+/// A login as `initiator` to `target`, straight to full feature: its
+/// status, and the reason the login gives when it fails.
+fn login_as(initiator: &str, target_name: &str) -> (Status, String) {
+    let mut t = target();
+    let step = t.handle(&request(
+        true,
+        false,
+        OPERATIONAL,
+        FULL_FEATURE,
+        &[
+            ("InitiatorName", initiator),
+            ("SessionType", "Normal"),
+            ("TargetName", target_name),
+        ],
+    ));
+    match step {
+        Step::Complete(..) => (Status::SUCCESS, String::new()),
+        Step::Fail(resp, status, why) => {
+            assert_eq!((resp.bhs.0[36], resp.bhs.0[37]), (status.0, status.1));
+            (status, why)
+        }
+        Step::Continue(_) => panic!("{initiator}: the login went on"),
+    }
+}
+
+/// Names that are not iSCSI names are refused with 0x0207 (missing or
+/// invalid parameter), the reason naming the key and what is wrong; the
+/// three forms of RFC 3720 log in.
+#[test]
+fn malformed_names_are_refused_at_login() {
+    for good in [
+        "iqn.2026-11.org.example:host",
+        "iqn.1991-05.com.microsoft:win-server.example.com",
+        "iqn.2007-10.com.github:sahlberg:libiscsi:iscsi-test",
+        "iqn.1993-08.org.debian:01:5a4e3f2b1c0d",
+        "IQN.2026-11.ORG.EXAMPLE:HOST",
+        "eui.02004567A425678D",
+        "naa.52004567BA64678D",
+        "naa.62004567BA64678D0123456789ABCDEF",
+    ] {
+        assert_eq!(
+            login_as(good, TARGET),
+            (Status::SUCCESS, String::new()),
+            "{good}"
+        );
+    }
+    let long = format!("iqn.2026-11.org.example:{}", "h".repeat(200));
+    for (bad, says) in [
+        ("iqn.2026-11.org.example:a b", "' '"),
+        ("iqn.2026-11.org.example:a\nb", "'\\n'"),
+        ("iqn.2026-11.org.example:a_b", "'_'"),
+        ("iqn.2026-11.org.example:a/b", "'/'"),
+        ("iqn.2026-11.org.example:\u{e9}", "'\\u{e9}'"),
+        (long.as_str(), "223"),
+        ("host", "iqn., eui. or naa."),
+        ("iqn.example.org:host", "yyyy-mm"),
+        ("iqn.2026-13.org.example:host", "yyyy-mm"),
+        ("iqn.2026-11:host", "naming authority"),
+        ("iqn.2026-11.:host", "naming authority"),
+        ("iqn.2026-11.org..example", "naming authority"),
+        ("eui.02004567A425678", "16 hex digits"),
+        ("eui.02004567A425678G", "16 hex digits"),
+        ("naa.52004567BA64678D00", "16 or 32 hex digits"),
+        ("", "empty"),
+    ] {
+        let (status, why) = login_as(bad, TARGET);
+        assert_eq!(status, Status::MISSING_PARAMETER, "{bad:?}: {why}");
+        assert!(why.starts_with("InitiatorName "), "{bad:?}: {why}");
+        assert!(why.contains(says), "{bad:?}: {why:?} does not say {says:?}");
+    }
+    let (status, why) = login_as(
+        "iqn.2026-11.org.example:host",
+        "iqn.2026-11.org.example:v l",
+    );
+    assert_eq!(status, Status::MISSING_PARAMETER, "{why}");
+    assert!(why.starts_with("TargetName "), "{why}");
 }

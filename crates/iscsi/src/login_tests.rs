@@ -10,7 +10,7 @@ use crate::negotiate::{self, Params};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
 
-const TARGET: &str = "iqn.2026-11.org.example:vol";
+pub(crate) const TARGET: &str = "iqn.2026-11.org.example:vol";
 const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
 pub(crate) fn target() -> TargetLogin {
@@ -36,7 +36,7 @@ pub(crate) fn target() -> TargetLogin {
 
 /// A Login Request: T/C bits, stages, ISID, ITT 0x77, CmdSN 5,
 /// ExpStatSN 9, and the text pairs.
-fn request(transit: bool, more: bool, csg: u8, nsg: u8, pairs: &[(&str, &str)]) -> Pdu {
+pub(crate) fn request(transit: bool, more: bool, csg: u8, nsg: u8, pairs: &[(&str, &str)]) -> Pdu {
     let mut bhs = Bhs::new(Opcode::LoginRequest);
     bhs.set_immediate(true);
     bhs.0[1] = (u8::from(transit) << 7) | (u8::from(more) << 6) | (csg << 2) | nsg;
