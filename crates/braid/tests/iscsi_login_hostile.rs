@@ -320,3 +320,31 @@ fn a_login_under_a_name_that_is_not_a_name_is_refused() {
     ]);
     assert_eq!(status(&resp), (0, 0), "a name that is one logs in");
 }
+
+/// An RFC 3720 initiator's login, marker keys and all, is answered Reject
+/// for each marker key (never NotUnderstood) and completes.
+#[test]
+fn an_old_initiators_marker_keys_are_answered_reject() {
+    let port = free_port();
+    let serve = Serve::start(&[&format!("--iscsi={port}"), "vol=mem:1MiB"]);
+    let mut raw = Raw::connect(port);
+    let resp = raw.login(&[
+        ("InitiatorName", INITIATOR),
+        ("SessionType", "Normal"),
+        ("TargetName", "iqn.2026-11.org.braid-storage:vol"),
+        ("IFMarker", "No"),
+        ("OFMarker", "No"),
+        ("IFMarkInt", "2048~8192"),
+        ("OFMarkInt", "2048~8192"),
+    ]);
+    assert_eq!(status(&resp), (0, 0), "{}", serve.log());
+    let answers = text::parse(&resp.data).expect("answer text");
+    for key in ["IFMarker", "OFMarker", "IFMarkInt", "OFMarkInt"] {
+        let answer = answers.iter().find(|(k, _)| k == key);
+        assert_eq!(
+            answer.map(|(_, v)| v.as_str()),
+            Some("Reject"),
+            "{key}: {answers:?}"
+        );
+    }
+}

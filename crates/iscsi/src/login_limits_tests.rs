@@ -166,3 +166,37 @@ fn malformed_names_are_refused_at_login() {
     assert_eq!(status, Status::MISSING_PARAMETER, "{why}");
     assert!(why.starts_with("TargetName "), "{why}");
 }
+
+/// RFC 3720's marker keys, which RFC 7143 obsoleted, are answered Reject
+/// (markers stay off), never NotUnderstood, which RFC 7143 forbids for
+/// them; the login goes on.
+#[test]
+fn obsolete_marker_keys_are_rejected_not_misunderstood() {
+    let mut t = target();
+    let step = t.handle(&request(
+        true,
+        false,
+        OPERATIONAL,
+        FULL_FEATURE,
+        &[
+            ("InitiatorName", "iqn.2026-11.org.example:old"),
+            ("SessionType", "Normal"),
+            ("TargetName", TARGET),
+            ("IFMarker", "No"),
+            ("OFMarker", "Yes"),
+            ("IFMarkInt", "2048~8192"),
+            ("OFMarkInt", "2048~8192"),
+        ],
+    ));
+    let Step::Complete(resp, _) = step else {
+        panic!("{step:?}")
+    };
+    let answers = text::parse(&resp.data).unwrap();
+    for key in ["IFMarker", "OFMarker", "IFMarkInt", "OFMarkInt"] {
+        let answer = answers
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str());
+        assert_eq!(answer, Some("Reject"), "{key} in {answers:?}");
+    }
+}
