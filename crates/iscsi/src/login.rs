@@ -309,8 +309,10 @@ impl TargetLogin {
                     }
                 }
                 "TargetName" => {
-                    named("TargetName", value)?;
+                    // A name this target serves is taken as it is (an
+                    // export's name may make one RFC 3722 would not).
                     if !self.cfg.targets.iter().any(|t| t == value) {
+                        named("TargetName", value)?;
                         return Err((Status::NOT_FOUND, format!("no target named {value:?} here")));
                     }
                     self.target = Some(value.clone());

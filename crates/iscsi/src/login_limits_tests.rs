@@ -165,6 +165,29 @@ fn malformed_names_are_refused_at_login() {
     );
     assert_eq!(status, Status::MISSING_PARAMETER, "{why}");
     assert!(why.starts_with("TargetName "), "{why}");
+    let (status, _) = login_as("iqn.2026-11.org.example:host", "iqn.2026-11.org.example:v2");
+    assert_eq!(status, Status::NOT_FOUND, "a name, but not served here");
+}
+
+/// A target this side serves is found by its name even where the name is
+/// one RFC 3722 would not make (an export called `my_vol`).
+#[test]
+fn a_served_target_is_found_whatever_its_name() {
+    let mut cfg = crate::login_tests::config();
+    cfg.targets = vec!["iqn.2026-11.org.example:my_vol".into()];
+    let mut t = crate::login::TargetLogin::new(cfg);
+    let step = t.handle(&request(
+        true,
+        false,
+        OPERATIONAL,
+        FULL_FEATURE,
+        &[
+            ("InitiatorName", "iqn.2026-11.org.example:host"),
+            ("SessionType", "Normal"),
+            ("TargetName", "iqn.2026-11.org.example:my_vol"),
+        ],
+    ));
+    assert!(matches!(step, Step::Complete(..)), "{step:?}");
 }
 
 /// RFC 3720's marker keys, which RFC 7143 obsoleted, are answered Reject

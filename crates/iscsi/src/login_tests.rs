@@ -14,7 +14,11 @@ pub(crate) const TARGET: &str = "iqn.2026-11.org.example:vol";
 const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
 pub(crate) fn target() -> TargetLogin {
-    TargetLogin::new(TargetConfig {
+    TargetLogin::new(config())
+}
+
+pub(crate) fn config() -> TargetConfig {
+    TargetConfig {
         targets: vec![TARGET.into()],
         params: Params {
             max_recv_data: 262_144,
@@ -31,7 +35,7 @@ pub(crate) fn target() -> TargetLogin {
         chap: None,
         chap_id: 0,
         chap_challenge: [0; 16],
-    })
+    }
 }
 
 /// A Login Request: T/C bits, stages, ISID, ITT 0x77, CmdSN 5,
