@@ -37,10 +37,8 @@ mod tls;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::parse_env();
     let demo = matches!(cli.command, cli::Command::Demo(_));
     logging::init(cli.verbose, cli.quiet, demo);
     let result = match cli.command {

@@ -7,12 +7,13 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use braid_iscsi::login::{Session, SessionType, Step, TargetConfig, TargetLogin};
+use braid_iscsi::login::{Session, Step, TargetConfig, TargetLogin};
 use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
+use braid_iscsi::text_exchange::TextExchange;
 use braid_iscsi::transfer::NO_TAG;
 use braid_iscsi::window::{Place, Window};
-use braid_iscsi::{discovery, text, Digests};
+use braid_iscsi::Digests;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,7 +23,7 @@ use tracing::{debug, info, warn};
 use super::command::{self, Commands, Lun, Slot};
 use super::out::{self, lock, Outbox, Sn};
 use super::sessions::{Key, Registration};
-use super::{tmf, unit, Served, Shared};
+use super::{textreq, tmf, unit, Served, Shared};
 
 /// Commands the target lets an initiator have running at once.
 const QUEUE_DEPTH: u32 = 64;
@@ -206,6 +207,7 @@ async fn full_feature(
     // Once the server stops, the initiator is asked to log out (so it
     // moves its I/O elsewhere at once) and given a moment to.
     let mut leaving: Option<tokio::time::Instant> = None;
+    let mut texts = TextExchange::new(s.params.peer_max_recv_data as usize);
     let result = loop {
         let pdu = match framer.next(&mut buf) {
             Ok(Some(p)) => p,
@@ -243,7 +245,18 @@ async fn full_feature(
                 }
             }
         };
-        match handle(&pdu, &s, &window, &outbox, cmds.as_mut(), &visible, &ctx).await {
+        match handle(
+            &pdu,
+            &s,
+            &window,
+            &outbox,
+            cmds.as_mut(),
+            &mut texts,
+            &visible,
+            &ctx,
+        )
+        .await
+        {
             Ok(true) => {}
             Ok(false) => break Ok(()),
             Err(e) => break Err(e),
@@ -295,12 +308,14 @@ async fn stopped(r: Option<&mut watch::Receiver<bool>>) {
 
 /// One PDU of the full feature phase; `false` when the connection is to
 /// end (a logout).
+#[allow(clippy::too_many_arguments)]
 async fn handle(
     pdu: &Pdu,
     s: &Session,
     window: &out::SharedWindow,
     outbox: &Outbox,
     cmds: Option<&mut Commands>,
+    texts: &mut TextExchange,
     visible: &[Arc<Served>],
     ctx: &Ctx,
 ) -> Result<bool, String> {
@@ -351,29 +366,7 @@ async fn handle(
                 outbox.pdu(r, pdu.data.clone(), Sn::Takes);
             }
         }
-        Opcode::TextRequest => {
-            let pairs = text::parse(&pdu.data).map_err(|e| e.to_string())?;
-            let portals: Vec<(SocketAddr, u16)> =
-                ctx.shared.ports.iter().map(|p| (p.addr, p.tag)).collect();
-            let listings: Vec<discovery::Listing> = visible
-                .iter()
-                .map(|t| discovery::Listing {
-                    name: t.name.clone(),
-                    portals: portals.clone(),
-                })
-                .collect();
-            let mut answer = Vec::new();
-            for (k, v) in &pairs {
-                if k == "SendTargets" {
-                    let discovering = s.kind == SessionType::Discovery;
-                    answer = discovery::answer(v, &listings, discovering, s.target.as_deref())
-                        .unwrap_or_default();
-                }
-            }
-            let mut r = reply(Opcode::TextResponse);
-            r.set_u32(20, NO_TAG);
-            outbox.pdu(r, Bytes::from(answer), Sn::Takes);
-        }
+        Opcode::TextRequest => textreq::respond(texts, pdu, s, visible, &ctx.shared, outbox),
         Opcode::LogoutRequest => {
             // Commands already taken finish and are answered first.
             if let Some(c) = cmds {

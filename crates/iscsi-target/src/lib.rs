@@ -15,6 +15,7 @@ mod media;
 mod out;
 mod sessions;
 mod task;
+mod textreq;
 mod tmf;
 mod unit;
 mod unitwide;

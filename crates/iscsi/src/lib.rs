@@ -6,7 +6,9 @@
 //! is tested with byte vectors.
 //!
 //! [`login`] is the target's side of a login (CHAP or none);
-//! [`discovery`] answers SendTargets with every portal; [`window`] keeps
+//! [`discovery`] answers SendTargets with every portal, and
+//! [`text_exchange`] sends a long answer over as many Text Responses as
+//! the initiator asks for; [`window`] keeps
 //! the command numbering; [`transfer`] cuts READ data into Data-In and
 //! gathers WRITE data from immediate data, unsolicited Data-Out and R2Ts.
 //! [`initiator`] is the other side: the initiator's login (CHAP and
@@ -20,9 +22,11 @@ pub mod discovery;
 pub mod fuzzing;
 pub mod initiator;
 pub mod login;
+pub mod names;
 pub mod negotiate;
 pub mod pdu;
 pub mod text;
+pub mod text_exchange;
 pub mod transfer;
 pub mod window;
 
@@ -32,6 +36,8 @@ pub use braid_scsi as scsi;
 pub use digest::Digests;
 pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};
 
+#[cfg(test)]
+mod login_limits_tests;
 #[cfg(test)]
 mod login_tests;
 #[cfg(test)]

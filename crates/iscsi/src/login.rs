@@ -14,6 +14,7 @@
 use bytes::Bytes;
 
 use crate::chap::{self, Credentials};
+use crate::names;
 use crate::negotiate::{self, Params};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
@@ -35,6 +36,7 @@ impl Status {
     pub const MISSING_PARAMETER: Status = Status(2, 7);
     pub const SESSION_TYPE_UNSUPPORTED: Status = Status(2, 9);
     pub const INVALID_DURING_LOGIN: Status = Status(2, 0x0b);
+    pub const INITIATOR_ERROR: Status = Status(2, 0);
     pub const TARGET_ERROR: Status = Status(3, 0);
 }
 
@@ -144,6 +146,11 @@ impl TargetLogin {
         }
     }
 
+    /// Bytes of continued login text held.
+    pub fn buffered(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Handles one PDU of the login phase.
     pub fn handle(&mut self, req: &Pdu) -> Step {
         let b = &req.bhs.0;
@@ -191,6 +198,13 @@ impl TargetLogin {
         }
         // The security stage may be skipped by starting in operational.
         self.stage = csg;
+        if self.pending.len() + req.data.len() > text::MAX_TEXT {
+            let why = format!(
+                "login text past {} bytes (over continued PDUs): more than any login needs",
+                text::MAX_TEXT
+            );
+            return self.fail(req, Status::INITIATOR_ERROR, &why);
+        }
         self.pending.extend_from_slice(&req.data);
         if more {
             // The rest of the text follows; acknowledge with no keys.
@@ -278,7 +292,10 @@ impl TargetLogin {
     ) -> Result<(), (Status, String)> {
         for (key, value) in pairs {
             match key.as_str() {
-                "InitiatorName" => self.initiator = Some(value.clone()),
+                "InitiatorName" => {
+                    named("InitiatorName", value)?;
+                    self.initiator = Some(value.clone());
+                }
                 "SessionType" => {
                     self.kind = match value.as_str() {
                         "Discovery" => SessionType::Discovery,
@@ -292,7 +309,10 @@ impl TargetLogin {
                     }
                 }
                 "TargetName" => {
+                    // A name this target serves is taken as it is (an
+                    // export's name may make one RFC 3722 would not).
                     if !self.cfg.targets.iter().any(|t| t == value) {
+                        named("TargetName", value)?;
                         return Err((Status::NOT_FOUND, format!("no target named {value:?} here")));
                     }
                     self.target = Some(value.clone());
@@ -429,4 +449,13 @@ impl TargetLogin {
         let resp = self.response(req, false, 0, Bytes::new(), status);
         Step::Fail(resp, status, why.to_owned())
     }
+}
+
+/// Refuses a name that is not an iSCSI name with 0x0207 (RFC 7143 gives
+/// that status to a missing or invalid parameter).
+fn named(key: &str, value: &str) -> Result<(), (Status, String)> {
+    names::check(value).map_err(|e| {
+        let shown: String = value.chars().take(80).collect();
+        (Status::MISSING_PARAMETER, format!("{key} {shown:?} {e}"))
+    })
 }

@@ -10,11 +10,15 @@ use crate::negotiate::{self, Params};
 use crate::pdu::{Bhs, Opcode, Pdu};
 use crate::text;
 
-const TARGET: &str = "iqn.2026-11.org.example:vol";
+pub(crate) const TARGET: &str = "iqn.2026-11.org.example:vol";
 const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
-fn target() -> TargetLogin {
-    TargetLogin::new(TargetConfig {
+pub(crate) fn target() -> TargetLogin {
+    TargetLogin::new(config())
+}
+
+pub(crate) fn config() -> TargetConfig {
+    TargetConfig {
         targets: vec![TARGET.into()],
         params: Params {
             max_recv_data: 262_144,
@@ -31,12 +35,12 @@ fn target() -> TargetLogin {
         chap: None,
         chap_id: 0,
         chap_challenge: [0; 16],
-    })
+    }
 }
 
 /// A Login Request: T/C bits, stages, ISID, ITT 0x77, CmdSN 5,
 /// ExpStatSN 9, and the text pairs.
-fn request(transit: bool, more: bool, csg: u8, nsg: u8, pairs: &[(&str, &str)]) -> Pdu {
+pub(crate) fn request(transit: bool, more: bool, csg: u8, nsg: u8, pairs: &[(&str, &str)]) -> Pdu {
     let mut bhs = Bhs::new(Opcode::LoginRequest);
     bhs.set_immediate(true);
     bhs.0[1] = (u8::from(transit) << 7) | (u8::from(more) << 6) | (csg << 2) | nsg;

@@ -63,6 +63,11 @@ enum Rule {
     And,
     /// Each side states its own value; it is not answered.
     Declared(u32, u32),
+    /// Obsoleted by RFC 7143 (RFC 3720's markers): answered Reject, so
+    /// the default (no markers) holds. NotUnderstood, the answer to keys
+    /// nobody defined, is forbidden for these: RFC 3720 initiators send
+    /// them and expect an answer they know.
+    Obsolete,
 }
 
 fn rule(key: &str) -> Option<Rule> {
@@ -77,6 +82,7 @@ fn rule(key: &str) -> Option<Rule> {
         "DefaultTime2Retain" => Rule::Min(0, 3600),
         "InitialR2T" | "DataPDUInOrder" | "DataSequenceInOrder" => Rule::Or,
         "ImmediateData" => Rule::And,
+        "IFMarker" | "OFMarker" | "IFMarkInt" | "OFMarkInt" => Rule::Obsolete,
         _ => return None,
     })
 }
@@ -142,6 +148,7 @@ pub fn respond_into(
             continue;
         };
         let answer = match r {
+            Rule::Obsolete => Some("Reject".to_owned()),
             Rule::Digest => {
                 let pick = value.split(',').map(str::trim).find(|v| match *v {
                     "None" => digests_ok.none,

@@ -9,6 +9,13 @@ pub const MAX_KEY: usize = 63;
 /// longer is refused rather than kept.
 pub const MAX_VALUE: usize = 8192;
 
+/// Most text one Login or Text request may carry, over all its
+/// continued PDUs. Every key a login or SendTargets needs fits in a few
+/// KiB; an initiator sending more before authentication would only make
+/// the target hold and parse it (RFC 7143 lets a target refuse text past
+/// what it can take).
+pub const MAX_TEXT: usize = 64 * 1024;
+
 /// Why a text data segment cannot be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TextError {
@@ -26,14 +33,27 @@ pub enum TextError {
     Repeated(String),
 }
 
-/// Parses a data segment into pairs, in order. A missing NUL after the
-/// last pair is tolerated (the RFC requires it; some initiators pad with
-/// zeroes instead, which ends it too).
+/// Parses a data segment into pairs, in order, in time linear in its
+/// length. A missing NUL after the last pair is tolerated (the RFC
+/// requires it; some initiators pad with zeroes instead, which ends it
+/// too).
 ///
 /// # Errors
 ///
 /// [`TextError`] for the first malformed pair.
 pub fn parse(data: &[u8]) -> Result<Vec<(String, String)>, TextError> {
+    parse_with(data, std::hash::RandomState::new())
+}
+
+/// [`parse`] with the hasher of the set that finds repeated keys: one
+/// hash per key, so the cost grows with the text, not with its square.
+pub(crate) fn parse_with<S: std::hash::BuildHasher>(
+    data: &[u8],
+    hasher: S,
+) -> Result<Vec<(String, String)>, TextError> {
+    // Sized up front: a set that grows rehashes what it holds.
+    let pairs = data.iter().filter(|&&b| b == 0).count() + 1;
+    let mut seen = std::collections::HashSet::with_capacity_and_hasher(pairs, hasher);
     let mut out: Vec<(String, String)> = Vec::new();
     for raw in data.split(|&b| b == 0).filter(|p| !p.is_empty()) {
         let pair = std::str::from_utf8(raw).map_err(|_| TextError::NotUtf8)?;
@@ -46,7 +66,7 @@ pub fn parse(data: &[u8]) -> Result<Vec<(String, String)>, TextError> {
         if value.len() > MAX_VALUE {
             return Err(TextError::ValueTooLong { key: key.into() });
         }
-        if out.iter().any(|(k, _)| k == key) {
+        if !seen.insert(key) {
             return Err(TextError::Repeated(key.into()));
         }
         out.push((key.to_owned(), value.to_owned()));
