@@ -76,23 +76,34 @@ impl RbdVolume {
     ) -> Result<Arc<Self>, String> {
         let read_only = read_only || spec.snap.is_some();
         let inc = ceph.current();
-        let io = inc.cluster.ioctx(&spec.pool).map_err(|e| match e.errno {
-            libc::ENOENT => format!("{spec}: the cluster has no pool {:?}", spec.pool),
-            _ => format!("{spec}: {e}"),
-        })?;
+        let io = inc
+            .cluster
+            .ioctx(&spec.pool, spec.namespace.as_deref())
+            .map_err(|e| match e.errno {
+                libc::ENOENT => format!("{spec}: the cluster has no pool {:?}", spec.pool),
+                _ => format!("{spec}: {e}"),
+            })?;
         let image =
             Image::open(&io, &spec.image, spec.snap.as_deref(), read_only).map_err(|e| match e
                 .errno
             {
                 libc::ENOENT => format!(
-                    "{spec}: no such image{} in pool {:?} (rbd -p {} ls lists them)",
+                    "{spec}: no such image{} in {} (rbd ls {} lists them{})",
                     if spec.snap.is_some() {
                         " or snapshot"
                     } else {
                         ""
                     },
-                    spec.pool,
-                    spec.pool
+                    match &spec.namespace {
+                        Some(ns) => format!("namespace {ns:?} of pool {:?}", spec.pool),
+                        None => format!("pool {:?}", spec.pool),
+                    },
+                    spec.rbd_dir(),
+                    if spec.namespace.is_some() {
+                        "; rbd namespace ls lists the namespaces"
+                    } else {
+                        ""
+                    }
                 ),
                 _ => format!("{spec}: {e}"),
             })?;
@@ -106,12 +117,13 @@ impl RbdVolume {
         let scope = lease::Scope {
             fsid: inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?,
             pool: io.pool_id(),
+            namespace: io.namespace().to_owned(),
             image: image_id.clone(),
         };
         let identity = match identity {
             Some(id) => id,
             None => {
-                let mut name = format!("ceph:{}/{}/{image_id}", scope.fsid, scope.pool);
+                let mut name = identity_name(&scope);
                 if let Some(snap) = &spec.snap {
                     let id = image.snap_id(snap).map_err(|e| format!("{spec}: {e}"))?;
                     name.push_str(&format!("@{id}"));
@@ -142,14 +154,15 @@ impl RbdVolume {
     }
 
     /// The `x-braid:volume` identity: the same on every gateway of the
-    /// image (from the cluster's fsid, the pool's and the image's ids).
+    /// image (from the cluster's fsid, the pool's id, the namespace and the
+    /// image's id).
     pub fn identity(&self) -> Uuid {
         self.identity
     }
 
-    /// `POOL/IMAGE`, as the `rbd` command names the image.
+    /// `POOL/[NAMESPACE/]IMAGE`, as the `rbd` command names the image.
     pub(crate) fn rbd_name(&self) -> String {
-        format!("{}/{}", self.spec.pool, self.spec.image)
+        self.spec.rbd_name()
     }
 
     /// How the export is described to clients and in logs.
@@ -510,6 +523,20 @@ impl Peers for RbdVolume {
     }
 }
 
+/// What an image's identity is derived from: the cluster, the pool, the
+/// namespace and the image by their ids. The default namespace adds
+/// nothing, so that the identities of images served before namespaces
+/// were known do not change.
+fn identity_name(scope: &lease::Scope) -> String {
+    let mut name = format!("ceph:{}/{}/", scope.fsid, scope.pool);
+    if !scope.namespace.is_empty() {
+        name.push_str(&scope.namespace);
+        name.push('/');
+    }
+    name.push_str(&scope.image);
+    name
+}
+
 /// Refuses an image that librbd opened with a cache the gateway did not
 /// ask for (`cache.rs`).
 fn check_cache(image: &Image, spec: &RbdSpec, wanted: bool) -> Result<(), String> {
@@ -539,9 +566,8 @@ fn exclusive_lock_refusal(spec: &RbdSpec, features: u64) -> String {
          write from one client to the next, so gateways would take turns instead of all \
          writing at once (and a stalled lock holder stops everyone until it is broken). braid \
          serves such an image only --read-only. To serve it writable from any number of \
-         gateways, run `rbd feature disable {}/{} {}` while no client has it open",
-        spec.pool,
-        spec.image,
+         gateways, run `rbd feature disable {} {}` while no client has it open",
+        spec.rbd_name(),
         names.join(" ")
     )
 }
@@ -565,6 +591,24 @@ mod tests {
         let m = exclusive_lock_refusal(&spec, braid_rbd::FEATURE_EXCLUSIVE_LOCK);
         assert!(
             m.contains("rbd feature disable rbd/vol exclusive-lock`"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_namespace_is_part_of_the_identity_and_the_default_one_adds_nothing() {
+        let scope = |namespace: &str| lease::Scope {
+            fsid: "f".into(),
+            pool: 1,
+            namespace: namespace.into(),
+            image: "abc".into(),
+        };
+        assert_eq!(identity_name(&scope("")), "ceph:f/1/abc");
+        assert_eq!(identity_name(&scope("tenant")), "ceph:f/1/tenant/abc");
+        let spec: RbdSpec = "rbd/tenant/vol".parse().unwrap();
+        let m = exclusive_lock_refusal(&spec, braid_rbd::FEATURE_EXCLUSIVE_LOCK);
+        assert!(
+            m.contains("rbd feature disable rbd/tenant/vol exclusive-lock`"),
             "{m}"
         );
     }

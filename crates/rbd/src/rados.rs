@@ -217,21 +217,32 @@ impl Cluster {
         check(r.into(), || "waiting for the latest OSD map".into()).map(drop)
     }
 
-    /// An I/O context on `pool`.
+    /// An I/O context on `pool`, inside RADOS `namespace` (`None`: the
+    /// pool's default namespace). Every object it names, and every image
+    /// opened on it, lives in that namespace.
     ///
     /// # Errors
     ///
     /// No such pool (`ENOENT`), or no permission.
-    pub fn ioctx(self: &Arc<Self>, pool: &str) -> Result<Arc<IoCtx>> {
+    pub fn ioctx(self: &Arc<Self>, pool: &str, namespace: Option<&str>) -> Result<Arc<IoCtx>> {
         let p = cstring(pool, "pool")?;
+        let ns = namespace.map(|n| cstring(n, "namespace")).transpose()?;
         let mut io: sys::rados_ioctx_t = std::ptr::null_mut();
         // SAFETY: io is written on success; the pool name is NUL-terminated.
         let r = unsafe { sys::rados_ioctx_create(self.handle, p.as_ptr(), &mut io) };
         check(r.into(), || format!("opening pool {pool}"))?;
-        Ok(Arc::new(IoCtx {
+        let io = IoCtx {
             handle: io,
             cluster: self.clone(),
-        }))
+            namespace: namespace.unwrap_or_default().to_owned(),
+        };
+        if let Some(ns) = ns {
+            // SAFETY: a valid ioctx that no other thread has seen yet (the
+            // one moment librados allows the namespace to change); the
+            // name is NUL-terminated and copied by librados.
+            unsafe { sys::rados_ioctx_set_namespace(io.handle, ns.as_ptr()) };
+        }
+        Ok(Arc::new(io))
     }
 }
 
@@ -248,6 +259,8 @@ impl Drop for Cluster {
 pub struct IoCtx {
     handle: sys::rados_ioctx_t,
     cluster: Arc<Cluster>,
+    /// Set once, before the context is shared.
+    namespace: String,
 }
 
 // SAFETY: librados I/O contexts may be used from several threads at once
@@ -284,6 +297,11 @@ impl IoCtx {
 
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self.cluster
+    }
+
+    /// The RADOS namespace it works in (empty: the pool's default one).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// The pool's id: fixed at creation, kept across renames.
