@@ -45,6 +45,7 @@ mod fence;
 mod join;
 pub mod lease;
 mod rbd;
+mod resize;
 mod volume;
 mod writes;
 

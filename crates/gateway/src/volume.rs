@@ -5,11 +5,12 @@
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
-use braid_rbd::{Image, IoCtx, Watch};
+use braid_rbd::{Image, IoCtx, UpdateWatch, Watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::lease::{self, Entry, Observed};
+use super::resize::Size;
 use super::writes::{InFlight, Writes};
 use super::Ceph;
 use crate::export::{PeerFence, Peers};
@@ -26,7 +27,8 @@ pub struct RbdVolume {
     pub(super) export: String,
     pub(super) spec: RbdSpec,
     pub(super) read_only: bool,
-    pub(crate) size: u64,
+    /// Changes with `rbd resize` (`resize.rs`).
+    pub(crate) size: Size,
     /// The object map answers allocation without asking the OSDs.
     pub(crate) fast_diff: bool,
     pub(super) image_id: String,
@@ -45,6 +47,8 @@ pub(super) struct Handle {
     pub image: Arc<Image>,
     /// The barrier watch, for an image this gateway writes.
     pub watch: Option<Watch>,
+    /// librbd's calls when the image changes (a resize).
+    pub updates: Option<UpdateWatch>,
 }
 
 #[derive(Debug, Default)]
@@ -136,7 +140,7 @@ impl RbdVolume {
             export: export.to_owned(),
             spec: spec.clone(),
             read_only,
-            size,
+            size: Size::new(size),
             fast_diff: features & braid_rbd::FEATURE_FAST_DIFF != 0,
             image_id,
             scope,
@@ -145,10 +149,16 @@ impl RbdVolume {
                 io,
                 image: Arc::new(image),
                 watch: None,
+                updates: None,
             }),
             lease: Mutex::new(LeaseState::default()),
             writes: Arc::default(),
         });
+        let updates = vol.watch_size(&vol.image())?;
+        vol.handle
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .updates = Some(updates);
         ceph.adopt(&vol);
         Ok(vol)
     }
@@ -200,11 +210,15 @@ impl RbdVolume {
         let mut h = self.handle.write().unwrap_or_else(|p| p.into_inner());
         let mut lease = self.lease();
         lease.own = None;
-        std::mem::replace(&mut *h, new)
+        let old = std::mem::replace(&mut *h, new);
+        // A resize while the old client was cut off went unannounced: the
+        // next write reads the size from the new handle.
+        self.size.told();
+        old
     }
 
     /// Opens this image again on `io` (a new incarnation's pool context).
-    pub(super) fn reopen(&self, io: Arc<IoCtx>) -> Result<Handle, String> {
+    pub(super) fn reopen(self: &Arc<Self>, io: Arc<IoCtx>) -> Result<Handle, String> {
         let image = Image::open(
             &io,
             &self.spec.image,
@@ -221,10 +235,13 @@ impl RbdVolume {
                 self.spec, self.image_id
             ));
         }
+        let image = Arc::new(image);
+        let updates = self.watch_size(&image)?;
         Ok(Handle {
             io,
-            image: Arc::new(image),
+            image,
             watch: None,
+            updates: Some(updates),
         })
     }
 
