@@ -41,11 +41,15 @@
 
 mod barrier;
 mod cache;
+mod counters;
 mod fence;
+mod figures;
 mod join;
 pub mod lease;
 mod rbd;
 mod resize;
+mod servable;
+mod size;
 mod volume;
 mod writes;
 

@@ -17,7 +17,6 @@
 //!   and not yet read back makes the next write read the size itself (on
 //!   the synchronous path) before it goes to librbd.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use braid_rbd::{Image, UpdateWatch};
@@ -25,40 +24,6 @@ use braid_store::source::format_size;
 use tracing::{info, warn};
 
 use super::volume::RbdVolume;
-
-/// The image's size as this gateway knows it.
-#[derive(Debug)]
-pub(crate) struct Size {
-    bytes: AtomicU64,
-    /// Changes librbd announced, and how many of them the size read last
-    /// takes into account.
-    told: AtomicU64,
-    read: AtomicU64,
-}
-
-impl Size {
-    pub(crate) fn new(bytes: u64) -> Self {
-        Self {
-            bytes: AtomicU64::new(bytes),
-            told: AtomicU64::new(0),
-            read: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn get(&self) -> u64 {
-        self.bytes.load(Ordering::SeqCst)
-    }
-
-    /// No change announced since the size was last read.
-    fn fresh(&self) -> bool {
-        self.read.load(Ordering::SeqCst) >= self.told.load(Ordering::SeqCst)
-    }
-
-    /// A change was announced (or may have been missed, as on a reopen).
-    pub(crate) fn told(&self) {
-        self.told.fetch_add(1, Ordering::SeqCst);
-    }
-}
 
 fn past_the_end() -> std::io::Error {
     std::io::Error::from_raw_os_error(libc::ENOSPC)
@@ -88,10 +53,9 @@ impl RbdVolume {
     ///
     /// librbd's, when the header cannot be read.
     pub(crate) fn reread_size(&self) -> std::io::Result<u64> {
-        let told = self.size.told.load(Ordering::SeqCst);
+        let announced = self.size.announced();
         let now = self.check(self.image().size())?;
-        let before = self.size.bytes.swap(now, Ordering::SeqCst);
-        self.size.read.fetch_max(told, Ordering::SeqCst);
+        let before = self.size.keep(announced, now);
         if before != now {
             info!(
                 "{}: the image was resized from {} to {} (rbd resize): new connections see the \
