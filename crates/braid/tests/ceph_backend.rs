@@ -7,7 +7,9 @@
 //! cache turned on by the pool's or the image's own settings is refused
 //! with the command that turns it off for the image; an image with
 //! exclusive-lock is refused writable with the command that fixes it; a
-//! snapshot is served read-only.
+//! snapshot is served read-only; `rbd resize` reaches new connections on
+//! every gateway, and after a shrink a write past the new end is refused
+//! whole.
 
 #![cfg(feature = "rbd")]
 

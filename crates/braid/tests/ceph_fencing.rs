@@ -8,7 +8,8 @@
 //! write ended, so that the newer write a client sent elsewhere stays. A
 //! Ceph user that may not blocklist serves an image alone, and no gateway
 //! joins it; of two gateways that must serve alone and join at once, one
-//! serves.
+//! serves. A gateway's metrics count the fences, blocklists and barriers,
+//! and its status lists its live peers.
 
 #![cfg(feature = "rbd")]
 

@@ -6,7 +6,9 @@
 //! write load costs no I/O error and no replay, its record goes, and it
 //! rejoins when restarted; a dead gateway's record expires and is removed;
 //! a clone's or copy's gateways remove the records copied with the image's
-//! metadata and never fence the original's gateway.
+//! metadata and never fence the original's gateway; two images of one name
+//! in two RADOS namespaces are two volumes, each with its own records and
+//! barrier.
 
 #![cfg(feature = "rbd")]
 

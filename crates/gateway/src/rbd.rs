@@ -1,4 +1,4 @@
-//! An RBD image as a backend (`NAME=rbd:POOL/IMAGE[@SNAP]`), through
+//! An RBD image as a backend (`NAME=rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`), through
 //! librbd with its cache off: a write is acknowledged once the OSDs have
 //! it, so FLUSH and FUA have nothing left to do and a gateway's death
 //! loses nothing it acknowledged. (With `--rbd-cache` a FUA write and a

@@ -11,7 +11,7 @@ pub enum Source {
     File(PathBuf),
     /// Sparse memory of this many bytes, gone when the server stops.
     Mem(u64),
-    /// An image in a Ceph cluster (`rbd:POOL/IMAGE[@SNAP]`), or one of its
+    /// An image in a Ceph cluster (`rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`), or one of its
     /// snapshots (always read-only).
     Rbd(RbdSpec),
 }
@@ -119,7 +119,7 @@ impl FromStr for ExportSpec {
         if source.is_empty() {
             return Err(SpecError(format!(
                 "export {name:?} has an empty source: give a file, a block device, mem:SIZE or \
-                 rbd:POOL/IMAGE"
+                 rbd:POOL/[NAMESPACE/]IMAGE"
             )));
         }
         let source = if let Some(size) = source.strip_prefix("mem:") {
