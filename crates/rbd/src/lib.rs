@@ -22,6 +22,8 @@ mod error;
 #[cfg(feature = "librbd")]
 mod image;
 #[cfg(feature = "librbd")]
+mod notify_reply;
+#[cfg(feature = "librbd")]
 mod rados;
 #[cfg(feature = "librbd")]
 mod sys;
@@ -39,7 +41,9 @@ pub use image::{
     Image, FEATURE_EXCLUSIVE_LOCK, FEATURE_FAST_DIFF, FEATURE_JOURNALING, FEATURE_OBJECT_MAP,
 };
 #[cfg(feature = "librbd")]
-pub use rados::{Cluster, ConnectOptions, IoCtx, Notification, NotifyOutcome, Watch};
+pub use notify_reply::NotifyOutcome;
+#[cfg(feature = "librbd")]
+pub use rados::{Cluster, ConnectOptions, IoCtx, Notification, Watch};
 #[cfg(feature = "librbd")]
 pub use update::UpdateWatch;
 
