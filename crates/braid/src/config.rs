@@ -64,7 +64,7 @@ pub struct ServeFile {
 #[serde(deny_unknown_fields)]
 pub struct ServeExport {
     pub name: String,
-    /// A file, a block device, `mem:SIZE` or `rbd:POOL/IMAGE[@SNAP]`.
+    /// A file, a block device, `mem:SIZE` or `rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`.
     pub source: String,
     /// Create a missing file of this size (sparse).
     pub create: Option<String>,

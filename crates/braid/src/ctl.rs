@@ -219,6 +219,22 @@ pub struct ExportStatus {
     pub size: u64,
     pub read_only: bool,
     pub identity: String,
+    /// For an export that other servers serve too (a Ceph image's
+    /// gateways): the other live ones, as this one sees them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<PeerStatus>>,
+}
+
+/// Another live gateway of an export's image.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerStatus {
+    /// Its RADOS client's address (what a fence blocklists).
+    pub addr: String,
+    pub host: String,
+    pub pid: u32,
+    /// Where clients reach it.
+    pub portals: Vec<String>,
 }
 
 /// One client connection of a serve.

@@ -9,7 +9,7 @@ use braid_store::source::format_size;
 
 use crate::cli::{AluaArgs, ClearLossArgs, PathArgs, PolicyArgs, StatusArgs, UsageError};
 use crate::control;
-use crate::ctl::{Ack, Processes, Request, Status, VolumeStatus};
+use crate::ctl::{Ack, PeerStatus, Processes, Request, Status, VolumeStatus};
 use crate::out::{self, out, outln};
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
@@ -109,6 +109,7 @@ pub fn render(s: &Status) -> String {
                     format_size(e.size),
                     e.identity,
                 ));
+                render_peers(&mut out, e.peers.as_deref());
             }
             for (i, c) in connections.iter().enumerate() {
                 let branch = if i + 1 == connections.len() {
@@ -131,6 +132,41 @@ pub fn render(s: &Status) -> String {
         }
     }
     out
+}
+
+/// An export's other live gateways, as `braid status` shows them.
+pub fn peers_of(e: &braid_store::Export) -> Option<Vec<PeerStatus>> {
+    let figures = e.peers.as_ref()?.figures()?;
+    Some(
+        figures
+            .peers
+            .into_iter()
+            .map(|p| PeerStatus {
+                addr: p.addr,
+                host: p.host,
+                pid: p.pid,
+                portals: p.portals,
+            })
+            .collect(),
+    )
+}
+
+fn render_peers(out: &mut String, peers: Option<&[PeerStatus]>) {
+    match peers {
+        None => {}
+        Some([]) => out.push_str("    no other live gateway\n"),
+        Some(peers) => {
+            for p in peers {
+                out.push_str(&format!(
+                    "    gateway {} (host {}, pid {}) portals {}\n",
+                    p.addr,
+                    p.host,
+                    p.pid,
+                    p.portals.join(", ")
+                ));
+            }
+        }
+    }
 }
 
 /// How a failed path's writes are fenced, as the second line says it.

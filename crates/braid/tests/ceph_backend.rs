@@ -7,7 +7,9 @@
 //! cache turned on by the pool's or the image's own settings is refused
 //! with the command that turns it off for the image; an image with
 //! exclusive-lock is refused writable with the command that fixes it; a
-//! snapshot is served read-only.
+//! snapshot is served read-only; `rbd resize` reaches new connections on
+//! every gateway, and after a shrink a write past the new end is refused
+//! whole.
 
 #![cfg(feature = "rbd")]
 
@@ -338,4 +340,102 @@ fn a_snapshot_is_served_read_only_as_it_was_taken() {
     drop(snap);
     drop(gw);
     c.ok("rbd", &["snap", "purge", &img.name]);
+}
+
+/// Python for nbdsh: resizes `img` with `rbd resize` to `mib` MiB, then
+/// waits (at most 20 s) until a new connection to each of `uris` sees the
+/// new size; leaves `n` connected to the first.
+fn resize_and_wait(
+    c: &cephkit::Cluster,
+    img: &cephkit::Image,
+    mib: u64,
+    uris: &[String],
+) -> String {
+    format!(
+        "import subprocess, time\n\
+         subprocess.run(['rbd', '-c', {conf:?}, 'resize', '--no-progress', '--allow-shrink', \
+         '--size', '{mib}M', {name:?}], check=True)\n\
+         deadline = time.monotonic() + 20\n\
+         for uri in reversed({uris:?}):\n\
+         \x20   while True:\n\
+         \x20       n = nbd.NBD()\n\
+         \x20       n.connect_uri(uri)\n\
+         \x20       size = n.get_size()\n\
+         \x20       if size == {mib} << 20:\n\
+         \x20           break\n\
+         \x20       n.shutdown()\n\
+         \x20       assert time.monotonic() < deadline, f'{{uri}}: a new connection still sees {{size}} bytes'\n\
+         \x20       time.sleep(0.1)\n",
+        conf = c.conf.display().to_string(),
+        name = img.rbd_name(),
+    )
+}
+
+#[needs("ceph-mon", "nbdsh")]
+fn a_grown_image_reaches_every_gateway_and_a_new_connection_writes_past_the_old_end() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("grow", "8M", Some("layering"));
+    let (a, b) = (c.gateway(&img, &[]), c.gateway(&img, &[]));
+    let uris = [a.uri("vol"), b.uri("vol")];
+    let out = common::nbdsh(&format!(
+        "h.connect_uri({first:?})\n\
+         {resize}\
+         data = bytes(range(256)) * 4096\n\
+         n.pwrite(data, 12 << 20)\n\
+         n.flush()\n\
+         assert n.pread(1 << 20, 12 << 20) == data\n\
+         print('old connection', h.get_size())\n",
+        first = uris[0],
+        resize = resize_and_wait(c, &img, 16, &uris),
+    ));
+    // NBD has no way to tell a connected client: it keeps its size.
+    assert_eq!(out.trim(), format!("old connection {}", 8 * MIB), "{out}");
+    let data = img.export();
+    assert_eq!(data.len(), 16 * MIB, "rbd export of the grown image");
+    let written: Vec<u8> = (0..=255u8).cycle().take(MIB).collect();
+    assert!(
+        data[12 * MIB..13 * MIB] == written[..],
+        "past the old end, in the cluster"
+    );
+    assert!(
+        a.log().contains("resized from 8 MiB to 16 MiB"),
+        "{}",
+        a.log()
+    );
+}
+
+#[needs("ceph-mon", "nbdsh")]
+fn after_a_shrink_a_write_past_the_new_end_is_refused_and_nothing_of_it_lands() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("shrink", "8M", Some("layering"));
+    let gw = c.gateway(&img, &[]);
+    let uris = [gw.uri("vol")];
+    // A client connected before the shrink still thinks the image is 8 MiB
+    // long: its write across the new end must fail whole, not be cut at
+    // the end and acknowledged.
+    let out = common::nbdsh(&format!(
+        "h.connect_uri({uri:?})\n\
+         h.pwrite(b'\\xaa' * (128 << 10), (4 << 20) - (64 << 10))\n\
+         {resize}\
+         try:\n\
+         \x20   h.pwrite(b'\\xbb' * (64 << 10), (4 << 20) - (32 << 10))\n\
+         \x20   print('acknowledged')\n\
+         except nbd.Error as e:\n\
+         \x20   print('refused', e.errno)\n\
+         assert h.pread(4096, (4 << 20) - 4096) == b'\\xaa' * 4096\n",
+        uri = uris[0],
+        resize = resize_and_wait(c, &img, 4, &uris),
+    ));
+    assert_eq!(
+        out.trim(),
+        "refused ENOSPC",
+        "a write across the new end:\n{}",
+        gw.log()
+    );
+    let data = img.export();
+    assert_eq!(data.len(), 4 * MIB);
+    assert!(
+        data[4 * MIB - (64 << 10)..].iter().all(|&x| x == 0xaa),
+        "nothing of the refused write landed before the new end"
+    );
 }

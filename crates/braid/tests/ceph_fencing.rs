@@ -8,7 +8,8 @@
 //! write ended, so that the newer write a client sent elsewhere stays. A
 //! Ceph user that may not blocklist serves an image alone, and no gateway
 //! joins it; of two gateways that must serve alone and join at once, one
-//! serves.
+//! serves. A gateway's metrics count the fences, blocklists and barriers,
+//! and its status lists its live peers.
 
 #![cfg(feature = "rbd")]
 
@@ -57,7 +58,7 @@ async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiat
 /// resumes. Returns the version the cluster holds in the end, and both
 /// gateways' logs. `env` goes to A (a test hook that removes the
 /// blocklist step from its fences).
-fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, String) {
+fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, String, String) {
     let img = c.image("stall", "16M", Some("layering"));
     // Leases long enough that only the client's fence acts on B here. The
     // client waits 30 s for a stalled peer whose TCP stack still answers
@@ -65,8 +66,14 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
     // after 30 s too, making B drop its connections by itself on SIGCONT:
     // kept for longer, so that only the blocklist stands between B's held
     // write and the cluster.
+    let metrics_port = common::free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let a = c.gateway_env(
+        &img,
+        &["--gateway-lease", "120", "--metrics", &metrics],
+        env,
+    );
     let lease = ["--gateway-lease", "120"];
-    let a = c.gateway_env(&img, &lease, env);
     let watch = c.conf_with("long-watch", "osd client watch timeout = 120");
     let watch = watch.display().to_string();
     let b = c.gateway(&img, &[&lease[..], &["--ceph-conf", &watch]].concat());
@@ -108,27 +115,61 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    (version, a.log(), b.log())
+    (version, a.log(), b.log(), common::scrape(metrics_port))
+}
+
+/// The value of the sample `name{export="vol"}` in a scrape.
+fn metric(scrape: &str, name: &str) -> f64 {
+    let prefix = format!("{name}{{export=\"vol\"}} ");
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix}in:\n{scrape}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 #[needs("ceph-mon", "nbdinfo")]
 fn a_stalled_gateways_held_write_does_not_land_after_the_client_failed_over() {
     let Some(c) = cephkit::ceph() else { return };
-    let (version, a, b) = stalled_gateway(c, &[]);
+    let (version, a, b, scrape) = stalled_gateway(c, &[]);
     assert_eq!(
         version, 3,
         "the cluster must hold the newest write\nA:\n{a}\nB:\n{b}"
     );
     assert!(a.contains("gateway fenced: blocklisted"), "A:\n{a}");
     assert!(b.contains("lost its right to write"), "B:\n{b}");
+    // A's metrics count the client's fence, the blocklist and the barrier.
+    assert!(
+        metric(&scrape, "braid_gateway_fences_asked_total") >= 1.0,
+        "{scrape}"
+    );
+    assert!(
+        metric(&scrape, "braid_gateway_fences_given_total") >= 1.0,
+        "{scrape}"
+    );
+    assert_eq!(
+        metric(&scrape, "braid_gateway_blocklists_total"),
+        1.0,
+        "{scrape}"
+    );
+    assert!(
+        metric(&scrape, "braid_gateway_barrier_duration_seconds_count") >= 1.0,
+        "{scrape}"
+    );
 }
 
 #[needs("ceph-mon", "nbdinfo")]
 fn without_the_blocklist_the_stalled_gateways_held_write_lands() {
     let Some(c) = cephkit::ceph() else { return };
     // What the blocklist prevents: proof that the test above can fail.
-    let (version, a, b) = stalled_gateway(c, &[("BRAID_DANGER_NO_BLOCKLIST", "1")]);
+    let (version, a, b, scrape) = stalled_gateway(c, &[("BRAID_DANGER_NO_BLOCKLIST", "1")]);
     assert!(a.contains("TEST HOOK: not blocklisting"), "A:\n{a}");
+    assert_eq!(
+        metric(&scrape, "braid_gateway_blocklists_total"),
+        0.0,
+        "{scrape}"
+    );
     assert_eq!(version, 2, "the stale write should land\nA:\n{a}\nB:\n{b}");
 }
 
@@ -322,4 +363,100 @@ fn of_two_gateways_that_must_serve_alone_joining_at_once_one_serves() {
         .expect("the other refused");
     assert!(refused.contains("serves this image alone"), "{refused}");
     assert_eq!(img.gateways().len(), 1, "{:?}", img.gateways());
+}
+
+/// `braid status --json` of one serve, as JSON.
+fn status_json(control: &std::path::Path) -> serde_json::Value {
+    let out = output(
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args(["status", "--json", "--control"])
+            .arg(control),
+        Duration::from_secs(10),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+#[needs("ceph-mon")]
+fn a_gateways_status_shows_its_peers_and_its_metrics_the_live_gateways_and_fences() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("figures", "16M", Some("layering"));
+    let dir = tempfile::tempdir().unwrap();
+    let control = dir.path().join("a.sock");
+    let port = common::free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let lease = ["--gateway-lease", "2"];
+    let a = c.gateway(
+        &img,
+        &[
+            &lease[..],
+            &[
+                "--metrics",
+                &metrics,
+                "--control",
+                control.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    let b = c.gateway(&img, &lease);
+    let b_portal = b.addr().to_string();
+    let peers = || status_json(&control)["processes"][0]["exports"][0]["peers"].clone();
+    cephkit::eventually(Duration::from_secs(20), "A's status lists B", || {
+        peers().as_array().is_some_and(|p| !p.is_empty())
+    });
+    let seen = peers();
+    assert_eq!(seen[0]["portals"], serde_json::json!([b_portal]), "{seen}");
+    assert_eq!(seen[0]["pid"], b.pid(), "{seen}");
+    let text = output(
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args(["status", "--control"])
+            .arg(&control),
+        Duration::from_secs(10),
+    );
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains(&format!("pid {}) portals {b_portal}", b.pid())),
+        "{text}"
+    );
+    let scrape = common::scrape(port);
+    assert_eq!(
+        metric(&scrape, "braid_gateway_live_gateways"),
+        2.0,
+        "{scrape}"
+    );
+    assert!(
+        metric(
+            &scrape,
+            "braid_gateway_lease_renewal_duration_seconds_count"
+        ) >= 1.0,
+        "{scrape}"
+    );
+
+    // B dies; A fences it once its lease ran out.
+    signal(b.pid(), libc::SIGKILL);
+    cephkit::eventually(Duration::from_secs(30), "A blocklisted B", || {
+        metric(&common::scrape(port), "braid_gateway_blocklists_total") == 1.0
+    });
+    let scrape = common::scrape(port);
+    assert_eq!(
+        metric(&scrape, "braid_gateway_live_gateways"),
+        1.0,
+        "{scrape}"
+    );
+    assert!(
+        metric(&scrape, "braid_gateway_barrier_duration_seconds_count") >= 1.0,
+        "{scrape}"
+    );
+    assert_eq!(
+        metric(&scrape, "braid_gateway_fences_asked_total"),
+        0.0,
+        "{scrape}"
+    );
+    assert_eq!(peers(), serde_json::json!([]), "B is no peer once fenced");
+    drop((a, b));
 }

@@ -6,7 +6,9 @@
 //! write load costs no I/O error and no replay, its record goes, and it
 //! rejoins when restarted; a dead gateway's record expires and is removed;
 //! a clone's or copy's gateways remove the records copied with the image's
-//! metadata and never fence the original's gateway.
+//! metadata and never fence the original's gateway; two images of one name
+//! in two RADOS namespaces are two volumes, each with its own records and
+//! barrier.
 
 #![cfg(feature = "rbd")]
 
@@ -353,4 +355,103 @@ fn a_clone_or_copy_of_a_served_image_never_fences_the_originals_gateway() {
     drop(clone);
     c.ok("rbd", &["snap", "unprotect", &snap]);
     c.ok("rbd", &["snap", "purge", &parent.rbd_name()]);
+}
+
+/// `rados listwatchers` of an image's barrier object: how many gateways
+/// watch it.
+fn barrier_watchers(c: &cephkit::Cluster, img: &cephkit::Image) -> usize {
+    let ns = img.namespace.as_deref().unwrap_or("");
+    let out = c.ok(
+        "rados",
+        &[
+            "-p",
+            &img.pool,
+            "-N",
+            ns,
+            "listwatchers",
+            &format!("braid_gateways.{}", img.id),
+        ],
+    );
+    String::from_utf8_lossy(&out).lines().count()
+}
+
+#[needs("ceph-mon", "nbdsh")]
+fn two_images_of_one_name_in_two_namespaces_are_two_volumes_with_their_own_gateways() {
+    let Some(c) = cephkit::ceph() else { return };
+    let (ns_a, ns_b) = (c.namespace("tenant-a"), c.namespace("tenant-b"));
+    let name = format!("same-{}", std::process::id());
+    let a = c.image_named("rbd", Some(&ns_a), &name, "8M", Some("layering"));
+    let b = c.image_named("rbd", Some(&ns_b), &name, "8M", Some("layering"));
+    assert_eq!(a.spec(), format!("rbd:rbd/{}/{name}", ns_a.name));
+    // One gateway serves both; a second serves A only.
+    let conf = c.conf.display().to_string();
+    let (spec_a, spec_b) = (format!("a={}", a.spec()), format!("b={}", b.spec()));
+    let both = Serve::start(&["--ceph-conf", &conf, &spec_a, &spec_b]);
+    let only_a = c.gateway(&a, &[]);
+    assert!(
+        both.log().contains(&a.spec()) && both.log().contains(&b.spec()),
+        "each export is named with its namespace:\n{}",
+        both.log()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let data_a = random_file(dir.path(), MIB, 41);
+    let data_b = random_file(dir.path(), MIB, 42);
+    let write = |uri: &str, file: &std::path::Path| {
+        common::nbdsh(&format!(
+            "h.connect_uri({uri:?})\n\
+             h.pwrite(open({file:?}, 'rb').read(), 0)\n\
+             h.flush()\n\
+             h.shutdown()\n",
+            file = file.display().to_string()
+        ));
+    };
+    write(&only_a.uri("vol"), &data_a);
+    write(&both.uri("b"), &data_b);
+    let read_a = common::nbdsh(&format!(
+        "h.connect_uri({:?})\nimport hashlib\nprint(hashlib.sha256(h.pread({MIB}, 0)).hexdigest())\n",
+        both.uri("a")
+    ));
+    assert_eq!(
+        read_a.trim(),
+        sha256(&data_a),
+        "A read through the other gateway"
+    );
+    for (img, data) in [(&a, &data_a), (&b, &data_b)] {
+        let exported = img.export();
+        assert_eq!(
+            sha256_bytes(&exported[..MIB]),
+            sha256(data),
+            "{} by rbd export",
+            img.rbd_name()
+        );
+        assert!(
+            exported[MIB..].iter().all(|&x| x == 0),
+            "{}",
+            img.rbd_name()
+        );
+    }
+
+    // Two volumes, each with its own identity, leases and barrier.
+    let (vol_a, vol_b) = (both.logged_volume("a"), both.logged_volume("b"));
+    assert_ne!(vol_a, vol_b, "one identity for two images");
+    assert_eq!(only_a.logged_volume("vol"), vol_a, "A's gateways agree");
+    let records = |img: &cephkit::Image| {
+        let recs = img.gateways();
+        for r in &recs {
+            assert_eq!(
+                r["scope"]["namespace"].as_str(),
+                img.namespace.as_deref(),
+                "{r}"
+            );
+        }
+        recs.len()
+    };
+    assert_eq!((records(&a), records(&b)), (2, 1), "records per image");
+    assert_eq!(
+        (barrier_watchers(c, &a), barrier_watchers(c, &b)),
+        (2, 1),
+        "barrier watches per image"
+    );
+    drop((both, only_a, a, b));
 }

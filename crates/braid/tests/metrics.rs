@@ -10,26 +10,11 @@ mod labkit;
 use braid_test_needs::needs;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use common::{cmd, free_port, random_file, run, Serve};
+use common::{cmd, free_port, random_file, run, scrape, Serve};
 use labkit::Attach;
-
-/// GET /metrics, bounded in time; the body.
-fn scrape(port: u16) -> String {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("application/openmetrics-text"), "{head}");
-    body.to_owned()
-}
 
 /// One sample as the parser saw it.
 #[derive(Debug, serde::Deserialize)]

@@ -18,8 +18,10 @@
 //! blocklisted client, so the stale gateway is not waited for; if its
 //! watch lingers, its timeout is excused by its global id.)
 //!
-//! The object, `braid_gateways.<image id>`, is empty and stays in the pool
-//! after the image is removed (`rados -p POOL rm braid_gateways.<id>`).
+//! The object, `braid_gateways.<image id>`, lives in the image's RADOS
+//! namespace (so images of one name in two namespaces never share one), is
+//! empty, and stays after the image is removed (`rados -p POOL [-N
+//! NAMESPACE] rm braid_gateways.<id>`).
 
 use std::sync::Arc;
 use std::time::Duration;

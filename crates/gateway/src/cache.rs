@@ -27,7 +27,7 @@ pub(super) fn refusal(spec: &RbdSpec, opts: &[ConfigOption], wanted: bool) -> Op
         return None;
     }
     let get = |name: &str| opts.iter().find(|o| o.name == name);
-    let image = format!("{}/{}", spec.pool, spec.image);
+    let image = spec.rbd_name();
     if let Some(o) = get("rbd_cache").filter(|o| o.value == "true") {
         return Some(format!(
             "{spec}: librbd's cache is on for this image ({}), which overrides the rbd_cache = \

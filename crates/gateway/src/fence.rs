@@ -99,9 +99,11 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
         inc.cluster
             .blocklist_add(&entry.addr, None)
             .map_err(|e| format!("blocklisting gateway {}: {e}", entry.addr))?;
+        vol.counters.blocklisted();
     }
     let io = vol.ioctx();
-    super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid])?;
+    vol.counters
+        .barrier(|| super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid]))?;
     vol.image()
         .metadata_remove(&lease::key(entry.tag))
         .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;

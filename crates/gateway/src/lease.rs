@@ -14,7 +14,7 @@
 //! either stopped cleanly or was fenced.
 //!
 //! A record names the image it belongs to (the cluster's fsid, the pool's
-//! and the image's ids): `rbd clone`, `rbd cp`, `rbd deep cp`, migration
+//! id, the RADOS namespace and the image's id): `rbd clone`, `rbd cp`, `rbd deep cp`, migration
 //! and `rbd export --export-format 2` copy an image's metadata, records
 //! included, and a copied record names a gateway of another image, which
 //! this image's gateways must never fence. Such a record is foreign: it is
@@ -38,6 +38,10 @@ pub const VERSION: u32 = 2;
 pub struct Scope {
     pub fsid: String,
     pub pool: i64,
+    /// The RADOS namespace (empty: the pool's default one, which records
+    /// written before namespaces were served leave out).
+    #[serde(default)]
+    pub namespace: String,
     pub image: String,
 }
 
@@ -162,6 +166,7 @@ mod tests {
         Scope {
             fsid: "f".into(),
             pool: 1,
+            namespace: String::new(),
             image: "abc".into(),
         }
     }
@@ -261,13 +266,18 @@ mod tests {
         let copied_to = |f: &str, pool: i64, image: &str| Scope {
             fsid: f.into(),
             pool,
+            namespace: String::new(),
             image: image.into(),
         };
-        // A clone or copy (new image id), another pool, another cluster.
+        let mut other_namespace = scope();
+        other_namespace.namespace = "tenant".into();
+        // A clone or copy (new image id), another pool, another cluster,
+        // another namespace.
         for other in [
             copied_to("f", 1, "def"),
             copied_to("f", 2, "abc"),
             copied_to("g", 1, "abc"),
+            other_namespace,
         ] {
             for now in [Duration::ZERO, 100 * S] {
                 let view = o.update(now, &key(9), &other, &[(k.clone(), v.clone())]);
@@ -291,6 +301,13 @@ mod tests {
         assert_eq!(
             (e.tag, e.seq, e.lease()),
             (0xab, 5, Duration::from_millis(1500))
+        );
+        let without_namespace = v.replace("\"namespace\":\"\",", "");
+        assert_ne!(without_namespace, v);
+        assert_eq!(
+            Entry::parse(&without_namespace),
+            Some(e.clone()),
+            "a record written before namespaces is in the default one"
         );
         let newer = v.replace("\"v\":2", "\"v\":3");
         assert_eq!(

@@ -8,9 +8,9 @@
 //! find an empty registry (`join.rs`). Every gateway answers
 //! `x-braid:portal` with the portals of every live gateway, so one URI
 //! gives an initiator every path through every gateway. The volume's
-//! identity comes from the cluster's fsid and the image's id, the same on
-//! every gateway, and so does its instance (an acknowledged write is in
-//! the cluster, whichever gateway took it).
+//! identity comes from the cluster's fsid, the pool, the RADOS namespace
+//! and the image's id, the same on every gateway, and so does its instance
+//! (an acknowledged write is in the cluster, whichever gateway took it).
 //!
 //! A stale gateway (stalled, partitioned, or its lease run out) is fenced
 //! in Ceph itself: blocklisted, then every live gateway fetches the OSD
@@ -41,10 +41,15 @@
 
 mod barrier;
 mod cache;
+mod counters;
 mod fence;
+mod figures;
 mod join;
 pub mod lease;
 mod rbd;
+mod resize;
+mod servable;
+mod size;
 mod volume;
 mod writes;
 
@@ -366,7 +371,7 @@ impl Ceph {
         for vol in self.all() {
             let io = inc
                 .cluster
-                .ioctx(&vol.spec.pool)
+                .ioctx(&vol.spec.pool, vol.spec.namespace.as_deref())
                 .map_err(|e| format!("{}: {e}", vol.spec))?;
             opened.push((vol.clone(), vol.reopen(io)?));
         }

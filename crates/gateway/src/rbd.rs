@@ -1,4 +1,4 @@
-//! An RBD image as a backend (`NAME=rbd:POOL/IMAGE[@SNAP]`), through
+//! An RBD image as a backend (`NAME=rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`), through
 //! librbd with its cache off: a write is acknowledged once the OSDs have
 //! it, so FLUSH and FUA have nothing left to do and a gateway's death
 //! loses nothing it acknowledged. (With `--rbd-cache` a FUA write and a
@@ -7,7 +7,8 @@
 //! The image handle belongs to the gateway's current RADOS incarnation
 //! (`gateway::RbdVolume`); a call that finds the client blocklisted fails
 //! with `ESHUTDOWN`, which the connection answers by closing (see
-//! [`Backend`]), while the gateway reconnects.
+//! [`Backend`]), while the gateway reconnects. Every write is checked
+//! against the image's size as it is now (`resize.rs`).
 
 use std::io;
 
@@ -25,7 +26,7 @@ const MAX_STATUS: u64 = 256 << 20;
 
 impl Backend for RbdVolume {
     fn size(&self) -> u64 {
-        self.size
+        self.size.get()
     }
 
     fn caps(&self) -> Caps {
@@ -46,6 +47,7 @@ impl Backend for RbdVolume {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.within(offset, buf.len() as u64)?;
         let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
@@ -63,6 +65,7 @@ impl Backend for RbdVolume {
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
         // A hint: librbd leaves ranges under its discard granularity as
         // they are, which TRIM allows.
+        self.within(offset, len)?;
         let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
@@ -84,6 +87,7 @@ impl Backend for RbdVolume {
         // write_zeroes, never discard: a discard under 64 KiB leaves the
         // old data readable. librbd deallocates whole objects and writes
         // zeroes only over partial ones, so it is fast either way.
+        self.within(offset, len)?;
         let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
@@ -95,7 +99,9 @@ impl Backend for RbdVolume {
     }
 
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
-        let end = offset.saturating_add(len.min(MAX_STATUS)).min(self.size);
+        let end = offset
+            .saturating_add(len.min(MAX_STATUS))
+            .min(self.size.get());
         if offset >= end {
             return Ok(vec![Extent { len: 1, flags: 0 }]);
         }
@@ -132,7 +138,7 @@ impl Backend for RbdVolume {
     }
 
     fn start_write(&self, buf: Buf, offset: u64, fua: bool, done: Done) -> Result<(), (Buf, Done)> {
-        if !self.can_start_write(fua) {
+        if !self.can_start_write(fua) || !self.within_now(offset, buf.len() as u64) {
             return Err((buf, done));
         }
         let Some(inflight) = self.begin_write_now() else {

@@ -5,18 +5,17 @@
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
-use braid_rbd::{Image, IoCtx, Watch};
+use braid_rbd::{Image, IoCtx, UpdateWatch, Watch};
 use tracing::{info, warn};
 use uuid::Uuid;
 
 use super::lease::{self, Entry, Observed};
+use super::servable::{check_cache, exclusive_lock_refusal, identity_name, IDENTITY_NAMESPACE};
+use super::size::Size;
 use super::writes::{InFlight, Writes};
 use super::Ceph;
 use crate::export::{PeerFence, Peers};
 use crate::source::RbdSpec;
-
-/// The namespace of RBD volume identities (UUID version 5).
-const IDENTITY_NAMESPACE: Uuid = Uuid::from_u128(0x6272_6169_642d_4365_8870_6862_6420_7631);
 
 /// An RBD image as an export of this gateway.
 #[derive(Debug)]
@@ -26,7 +25,8 @@ pub struct RbdVolume {
     pub(super) export: String,
     pub(super) spec: RbdSpec,
     pub(super) read_only: bool,
-    pub(crate) size: u64,
+    /// Changes with `rbd resize` (`resize.rs`).
+    pub(crate) size: Size,
     /// The object map answers allocation without asking the OSDs.
     pub(crate) fast_diff: bool,
     pub(super) image_id: String,
@@ -36,6 +36,8 @@ pub struct RbdVolume {
     handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
     writes: Arc<Writes>,
+    /// For metrics and status (`figures.rs`).
+    pub(crate) counters: super::counters::Counters,
 }
 
 /// The open image of the current incarnation.
@@ -45,6 +47,8 @@ pub(super) struct Handle {
     pub image: Arc<Image>,
     /// The barrier watch, for an image this gateway writes.
     pub watch: Option<Watch>,
+    /// librbd's calls when the image changes (a resize).
+    pub updates: Option<UpdateWatch>,
 }
 
 #[derive(Debug, Default)]
@@ -76,23 +80,34 @@ impl RbdVolume {
     ) -> Result<Arc<Self>, String> {
         let read_only = read_only || spec.snap.is_some();
         let inc = ceph.current();
-        let io = inc.cluster.ioctx(&spec.pool).map_err(|e| match e.errno {
-            libc::ENOENT => format!("{spec}: the cluster has no pool {:?}", spec.pool),
-            _ => format!("{spec}: {e}"),
-        })?;
+        let io = inc
+            .cluster
+            .ioctx(&spec.pool, spec.namespace.as_deref())
+            .map_err(|e| match e.errno {
+                libc::ENOENT => format!("{spec}: the cluster has no pool {:?}", spec.pool),
+                _ => format!("{spec}: {e}"),
+            })?;
         let image =
             Image::open(&io, &spec.image, spec.snap.as_deref(), read_only).map_err(|e| match e
                 .errno
             {
                 libc::ENOENT => format!(
-                    "{spec}: no such image{} in pool {:?} (rbd -p {} ls lists them)",
+                    "{spec}: no such image{} in {} (rbd ls {} lists them{})",
                     if spec.snap.is_some() {
                         " or snapshot"
                     } else {
                         ""
                     },
-                    spec.pool,
-                    spec.pool
+                    match &spec.namespace {
+                        Some(ns) => format!("namespace {ns:?} of pool {:?}", spec.pool),
+                        None => format!("pool {:?}", spec.pool),
+                    },
+                    spec.rbd_dir(),
+                    if spec.namespace.is_some() {
+                        "; rbd namespace ls lists the namespaces"
+                    } else {
+                        ""
+                    }
                 ),
                 _ => format!("{spec}: {e}"),
             })?;
@@ -106,12 +121,13 @@ impl RbdVolume {
         let scope = lease::Scope {
             fsid: inc.cluster.fsid().map_err(|e| format!("{spec}: {e}"))?,
             pool: io.pool_id(),
+            namespace: io.namespace().to_owned(),
             image: image_id.clone(),
         };
         let identity = match identity {
             Some(id) => id,
             None => {
-                let mut name = format!("ceph:{}/{}/{image_id}", scope.fsid, scope.pool);
+                let mut name = identity_name(&scope);
                 if let Some(snap) = &spec.snap {
                     let id = image.snap_id(snap).map_err(|e| format!("{spec}: {e}"))?;
                     name.push_str(&format!("@{id}"));
@@ -124,7 +140,7 @@ impl RbdVolume {
             export: export.to_owned(),
             spec: spec.clone(),
             read_only,
-            size,
+            size: Size::new(size),
             fast_diff: features & braid_rbd::FEATURE_FAST_DIFF != 0,
             image_id,
             scope,
@@ -133,23 +149,31 @@ impl RbdVolume {
                 io,
                 image: Arc::new(image),
                 watch: None,
+                updates: None,
             }),
             lease: Mutex::new(LeaseState::default()),
             writes: Arc::default(),
+            counters: Default::default(),
         });
+        let updates = vol.watch_size(&vol.image())?;
+        vol.handle
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .updates = Some(updates);
         ceph.adopt(&vol);
         Ok(vol)
     }
 
     /// The `x-braid:volume` identity: the same on every gateway of the
-    /// image (from the cluster's fsid, the pool's and the image's ids).
+    /// image (from the cluster's fsid, the pool's id, the namespace and the
+    /// image's id).
     pub fn identity(&self) -> Uuid {
         self.identity
     }
 
-    /// `POOL/IMAGE`, as the `rbd` command names the image.
+    /// `POOL/[NAMESPACE/]IMAGE`, as the `rbd` command names the image.
     pub(crate) fn rbd_name(&self) -> String {
-        format!("{}/{}", self.spec.pool, self.spec.image)
+        self.spec.rbd_name()
     }
 
     /// How the export is described to clients and in logs.
@@ -187,11 +211,15 @@ impl RbdVolume {
         let mut h = self.handle.write().unwrap_or_else(|p| p.into_inner());
         let mut lease = self.lease();
         lease.own = None;
-        std::mem::replace(&mut *h, new)
+        let old = std::mem::replace(&mut *h, new);
+        // A resize while the old client was cut off went unannounced: the
+        // next write reads the size from the new handle.
+        self.size.told();
+        old
     }
 
     /// Opens this image again on `io` (a new incarnation's pool context).
-    pub(super) fn reopen(&self, io: Arc<IoCtx>) -> Result<Handle, String> {
+    pub(super) fn reopen(self: &Arc<Self>, io: Arc<IoCtx>) -> Result<Handle, String> {
         let image = Image::open(
             &io,
             &self.spec.image,
@@ -208,10 +236,13 @@ impl RbdVolume {
                 self.spec, self.image_id
             ));
         }
+        let image = Arc::new(image);
+        let updates = self.watch_size(&image)?;
         Ok(Handle {
             io,
-            image: Arc::new(image),
+            image,
             watch: None,
+            updates: Some(updates),
         })
     }
 
@@ -269,7 +300,8 @@ impl RbdVolume {
             };
             (key, entry)
         };
-        self.image().metadata_set(&key, &entry.to_json())?;
+        self.counters
+            .renewal(|| self.image().metadata_set(&key, &entry.to_json()))?;
         self.lease().own = Some(key);
         Ok(())
     }
@@ -409,6 +441,11 @@ impl RbdVolume {
         self.lease().live.clone()
     }
 
+    /// Whether this incarnation's record is written.
+    pub(crate) fn joined(&self) -> bool {
+        self.lease().own.is_some()
+    }
+
     fn lease(&self) -> MutexGuard<'_, LeaseState> {
         self.lease.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -499,80 +536,19 @@ impl Peers for RbdVolume {
             let Some(vol) = me else {
                 return Err("the export is gone".to_owned());
             };
-            tokio::task::spawn_blocking(move || super::fence::fence_ids(&vol, &ids))
-                .await
-                .map_err(|e| format!("fence task: {e}"))?
+            tokio::task::spawn_blocking(move || {
+                vol.counters.fence(super::fence::fence_ids(&vol, &ids))
+            })
+            .await
+            .map_err(|e| format!("fence task: {e}"))?
         })
     }
 
     fn admits(&self, id: ConnId) -> bool {
         self.ceph.admits(id)
     }
-}
 
-/// Refuses an image that librbd opened with a cache the gateway did not
-/// ask for (`cache.rs`).
-fn check_cache(image: &Image, spec: &RbdSpec, wanted: bool) -> Result<(), String> {
-    let opts = image.config().map_err(|e| format!("{spec}: {e}"))?;
-    match super::cache::refusal(spec, &opts, wanted) {
-        Some(why) => Err(why),
-        None => Ok(()),
-    }
-}
-
-/// Why a writable export of an image with exclusive-lock is refused, and
-/// the command that makes it servable.
-fn exclusive_lock_refusal(spec: &RbdSpec, features: u64) -> String {
-    let needs_lock = [
-        (braid_rbd::FEATURE_JOURNALING, "journaling"),
-        (braid_rbd::FEATURE_FAST_DIFF, "fast-diff"),
-        (braid_rbd::FEATURE_OBJECT_MAP, "object-map"),
-        (braid_rbd::FEATURE_EXCLUSIVE_LOCK, "exclusive-lock"),
-    ];
-    let names: Vec<&str> = needs_lock
-        .iter()
-        .filter(|(bit, _)| features & bit != 0)
-        .map(|(_, n)| *n)
-        .collect();
-    format!(
-        "{spec}: the image has the exclusive-lock feature, with which librbd hands the right to \
-         write from one client to the next, so gateways would take turns instead of all \
-         writing at once (and a stalled lock holder stops everyone until it is broken). braid \
-         serves such an image only --read-only. To serve it writable from any number of \
-         gateways, run `rbd feature disable {}/{} {}` while no client has it open",
-        spec.pool,
-        spec.image,
-        names.join(" ")
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_refusal_names_every_feature_to_disable_in_order() {
-        let spec: RbdSpec = "rbd/vol".parse().unwrap();
-        let all = braid_rbd::FEATURE_EXCLUSIVE_LOCK
-            | braid_rbd::FEATURE_OBJECT_MAP
-            | braid_rbd::FEATURE_FAST_DIFF
-            | 1; // layering
-        let m = exclusive_lock_refusal(&spec, all);
-        assert!(
-            m.contains("rbd feature disable rbd/vol fast-diff object-map exclusive-lock`"),
-            "{m}"
-        );
-        let m = exclusive_lock_refusal(&spec, braid_rbd::FEATURE_EXCLUSIVE_LOCK);
-        assert!(
-            m.contains("rbd feature disable rbd/vol exclusive-lock`"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn identities_are_version_5_uuids_of_the_names() {
-        let a = Uuid::new_v5(&IDENTITY_NAMESPACE, b"ceph:f/1/abc");
-        assert_eq!(a.get_version_num(), 5);
-        assert_ne!(a, Uuid::new_v5(&IDENTITY_NAMESPACE, b"ceph:f/2/abc"));
+    fn figures(&self) -> Option<braid_store::peer_figures::PeerFigures> {
+        Some(self.figures_now())
     }
 }

@@ -2,8 +2,9 @@
 //! RBD gateway uses: a cluster connection ([`Cluster`]), a pool
 //! ([`IoCtx`]), watches and notifications on an object, an object's
 //! attributes compared-and-set atomically, blocklisting, and an image
-//! ([`Image`]) with synchronous and asynchronous I/O, its metadata and its
-//! effective configuration.
+//! ([`Image`]) with synchronous and asynchronous I/O, its metadata, its
+//! effective configuration, and a watcher of changes to it
+//! ([`UpdateWatch`]: a resize by another client).
 //!
 //! The raw declarations are generated at build time by bindgen from the
 //! headers of the library that is linked (Debian's librbd-dev and
@@ -21,9 +22,13 @@ mod error;
 #[cfg(feature = "librbd")]
 mod image;
 #[cfg(feature = "librbd")]
+mod notify_reply;
+#[cfg(feature = "librbd")]
 mod rados;
 #[cfg(feature = "librbd")]
 mod sys;
+#[cfg(feature = "librbd")]
+mod update;
 #[cfg(feature = "librbd")]
 mod xattr;
 
@@ -36,7 +41,11 @@ pub use image::{
     Image, FEATURE_EXCLUSIVE_LOCK, FEATURE_FAST_DIFF, FEATURE_JOURNALING, FEATURE_OBJECT_MAP,
 };
 #[cfg(feature = "librbd")]
-pub use rados::{Cluster, ConnectOptions, IoCtx, Notification, NotifyOutcome, Watch};
+pub use notify_reply::NotifyOutcome;
+#[cfg(feature = "librbd")]
+pub use rados::{Cluster, ConnectOptions, IoCtx, Notification, Watch};
+#[cfg(feature = "librbd")]
+pub use update::UpdateWatch;
 
 /// `EBLOCKLISTED`: what librados answers a client the OSDs were told to
 /// refuse (Ceph defines it as `ESHUTDOWN`).

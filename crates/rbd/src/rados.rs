@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{check, Error, Result};
+use crate::notify_reply::{parse_notify_reply, NotifyOutcome};
 use crate::sys;
 
 /// How to reach the cluster.
@@ -217,21 +218,32 @@ impl Cluster {
         check(r.into(), || "waiting for the latest OSD map".into()).map(drop)
     }
 
-    /// An I/O context on `pool`.
+    /// An I/O context on `pool`, inside RADOS `namespace` (`None`: the
+    /// pool's default namespace). Every object it names, and every image
+    /// opened on it, lives in that namespace.
     ///
     /// # Errors
     ///
     /// No such pool (`ENOENT`), or no permission.
-    pub fn ioctx(self: &Arc<Self>, pool: &str) -> Result<Arc<IoCtx>> {
+    pub fn ioctx(self: &Arc<Self>, pool: &str, namespace: Option<&str>) -> Result<Arc<IoCtx>> {
         let p = cstring(pool, "pool")?;
+        let ns = namespace.map(|n| cstring(n, "namespace")).transpose()?;
         let mut io: sys::rados_ioctx_t = std::ptr::null_mut();
         // SAFETY: io is written on success; the pool name is NUL-terminated.
         let r = unsafe { sys::rados_ioctx_create(self.handle, p.as_ptr(), &mut io) };
         check(r.into(), || format!("opening pool {pool}"))?;
-        Ok(Arc::new(IoCtx {
+        let io = IoCtx {
             handle: io,
             cluster: self.clone(),
-        }))
+            namespace: namespace.unwrap_or_default().to_owned(),
+        };
+        if let Some(ns) = ns {
+            // SAFETY: a valid ioctx that no other thread has seen yet (the
+            // one moment librados allows the namespace to change); the
+            // name is NUL-terminated and copied by librados.
+            unsafe { sys::rados_ioctx_set_namespace(io.handle, ns.as_ptr()) };
+        }
+        Ok(Arc::new(io))
     }
 }
 
@@ -248,6 +260,8 @@ impl Drop for Cluster {
 pub struct IoCtx {
     handle: sys::rados_ioctx_t,
     cluster: Arc<Cluster>,
+    /// Set once, before the context is shared.
+    namespace: String,
 }
 
 // SAFETY: librados I/O contexts may be used from several threads at once
@@ -268,15 +282,6 @@ pub struct Notification {
     pub data: Vec<u8>,
 }
 
-/// Who answered a notification.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NotifyOutcome {
-    /// `(global id, watch cookie)` of each watch that acknowledged.
-    pub acked: Vec<(u64, u64)>,
-    /// `(global id, watch cookie)` of each watch that did not in time.
-    pub timed_out: Vec<(u64, u64)>,
-}
-
 impl IoCtx {
     pub(crate) fn raw(&self) -> sys::rados_ioctx_t {
         self.handle
@@ -284,6 +289,11 @@ impl IoCtx {
 
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self.cluster
+    }
+
+    /// The RADOS namespace it works in (empty: the pool's default one).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     /// The pool's id: fixed at creation, kept across renames.
@@ -453,33 +463,6 @@ impl Drop for IoCtx {
     }
 }
 
-/// Decodes a notify reply as librados.h documents it: `le32 n`, then `n`
-/// times `le64 gid, le64 cookie, le32 len, len bytes`; then `le32 m` and
-/// `m` times `le64 gid, le64 cookie`.
-fn parse_notify_reply(mut b: &[u8]) -> Option<NotifyOutcome> {
-    fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
-        let (head, rest) = b.split_first_chunk::<N>()?;
-        *b = rest;
-        Some(*head)
-    }
-    let mut out = NotifyOutcome::default();
-    let acks = u32::from_le_bytes(take(&mut b)?);
-    for _ in 0..acks {
-        let gid = u64::from_le_bytes(take(&mut b)?);
-        let cookie = u64::from_le_bytes(take(&mut b)?);
-        let len = u32::from_le_bytes(take(&mut b)?) as usize;
-        b = b.get(len..)?;
-        out.acked.push((gid, cookie));
-    }
-    let timeouts = u32::from_le_bytes(take(&mut b)?);
-    for _ in 0..timeouts {
-        let gid = u64::from_le_bytes(take(&mut b)?);
-        let cookie = u64::from_le_bytes(take(&mut b)?);
-        out.timed_out.push((gid, cookie));
-    }
-    Some(out)
-}
-
 struct WatchCallbacks {
     notify: Box<dyn Fn(Notification) + Send + Sync>,
     error: Box<dyn Fn(i32) + Send + Sync>,
@@ -574,29 +557,4 @@ impl Drop for Watch {
 fn c_string(buf: &[u8]) -> String {
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn notify_replies_decode_acks_and_timeouts() {
-        let mut b = Vec::new();
-        b.extend(2u32.to_le_bytes());
-        for (gid, cookie, payload) in [(7u64, 1u64, &b"ok"[..]), (9, 2, &b""[..])] {
-            b.extend(gid.to_le_bytes());
-            b.extend(cookie.to_le_bytes());
-            b.extend((payload.len() as u32).to_le_bytes());
-            b.extend(payload);
-        }
-        b.extend(1u32.to_le_bytes());
-        b.extend(11u64.to_le_bytes());
-        b.extend(3u64.to_le_bytes());
-        let out = parse_notify_reply(&b).unwrap();
-        assert_eq!(out.acked, vec![(7, 1), (9, 2)]);
-        assert_eq!(out.timed_out, vec![(11, 3)]);
-        assert_eq!(parse_notify_reply(&b[..b.len() - 1]), None, "truncated");
-        assert_eq!(parse_notify_reply(&[]), None);
-    }
 }

@@ -62,6 +62,11 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
     /// Whether connection `id` (issued when its transmission begins) may
     /// be served.
     fn admits(&self, id: braid_proto::braid_ns::ConnId) -> bool;
+    /// The other servers and this one's fences, for metrics and status;
+    /// `None` when it keeps no such figures.
+    fn figures(&self) -> Option<crate::peer_figures::PeerFigures> {
+        None
+    }
 }
 
 impl Export {

@@ -16,6 +16,7 @@ pub mod hold;
 pub mod identity;
 mod limits;
 pub mod lineage;
+pub mod peer_figures;
 pub mod portal;
 pub mod rangelock;
 pub mod registry;

@@ -11,22 +11,40 @@ pub enum Source {
     File(PathBuf),
     /// Sparse memory of this many bytes, gone when the server stops.
     Mem(u64),
-    /// An image in a Ceph cluster (`rbd:POOL/IMAGE[@SNAP]`), or one of its
+    /// An image in a Ceph cluster (`rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`), or one of its
     /// snapshots (always read-only).
     Rbd(RbdSpec),
 }
 
-/// `rbd:POOL/IMAGE[@SNAP]`.
+/// `rbd:POOL/[NAMESPACE/]IMAGE[@SNAP]`, as the `rbd` command writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RbdSpec {
     pub pool: String,
+    /// The RADOS namespace inside the pool (`rbd namespace create`); `None`
+    /// is the pool's default namespace.
+    pub namespace: Option<String>,
     pub image: String,
     pub snap: Option<String>,
 }
 
+impl RbdSpec {
+    /// `POOL/[NAMESPACE/]IMAGE`, as the `rbd` command takes the image.
+    pub fn rbd_name(&self) -> String {
+        format!("{}/{}", self.rbd_dir(), self.image)
+    }
+
+    /// `POOL[/NAMESPACE]`, as `rbd ls` takes where the image lives.
+    pub fn rbd_dir(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{ns}", self.pool),
+            None => self.pool.clone(),
+        }
+    }
+}
+
 impl std::fmt::Display for RbdSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "rbd:{}/{}", self.pool, self.image)?;
+        write!(f, "rbd:{}", self.rbd_name())?;
         match &self.snap {
             Some(s) => write!(f, "@{s}"),
             None => Ok(()),
@@ -39,26 +57,36 @@ impl FromStr for RbdSpec {
 
     /// Parses what follows `rbd:`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let example = "write rbd:POOL/IMAGE or rbd:POOL/IMAGE@SNAPSHOT, e.g. rbd:rbd/vol";
+        let example = "write rbd:POOL/IMAGE, rbd:POOL/NAMESPACE/IMAGE, or either with \
+                       @SNAPSHOT, e.g. rbd:rbd/vol or rbd:rbd/tenant1/vol@monday";
         let (pool, rest) = s
             .split_once('/')
             .ok_or_else(|| format!("{s:?} names no pool: {example}"))?;
+        let (namespace, rest) = match rest.split_once('/') {
+            Some((ns, rest)) => (Some(ns), rest),
+            None => (None, rest),
+        };
         if rest.contains('/') {
             return Err(format!(
-                "{s:?}: RADOS namespaces (POOL/NAMESPACE/IMAGE) are not supported; {example}"
+                "{s:?} has more than pool, namespace and image: {example}"
             ));
         }
         let (image, snap) = match rest.split_once('@') {
             Some((i, s)) => (i, Some(s)),
             None => (rest, None),
         };
-        if pool.is_empty() || image.is_empty() || snap.is_some_and(str::is_empty) {
+        if pool.is_empty()
+            || namespace.is_some_and(str::is_empty)
+            || image.is_empty()
+            || snap.is_some_and(str::is_empty)
+        {
             return Err(format!(
-                "{s:?} has an empty pool, image or snapshot name: {example}"
+                "{s:?} has an empty pool, namespace, image or snapshot name: {example}"
             ));
         }
         Ok(Self {
             pool: pool.to_owned(),
+            namespace: namespace.map(str::to_owned),
             image: image.to_owned(),
             snap: snap.map(str::to_owned),
         })
@@ -91,7 +119,7 @@ impl FromStr for ExportSpec {
         if source.is_empty() {
             return Err(SpecError(format!(
                 "export {name:?} has an empty source: give a file, a block device, mem:SIZE or \
-                 rbd:POOL/IMAGE"
+                 rbd:POOL/[NAMESPACE/]IMAGE"
             )));
         }
         let source = if let Some(size) = source.strip_prefix("mem:") {
@@ -262,10 +290,27 @@ mod tests {
             "v=rbd:pool/img@snap".parse::<ExportSpec>().unwrap().source,
             Source::Rbd(RbdSpec {
                 pool: "pool".into(),
+                namespace: None,
                 image: "img".into(),
                 snap: Some("snap".into())
             })
         );
+        for (spec, rbd_name) in [
+            ("rbd:p/ns/img", "p/ns/img"),
+            ("rbd:p/ns/img@s", "p/ns/img"),
+            ("rbd:p/img@s", "p/img"),
+        ] {
+            let Source::Rbd(parsed) = format!("v={spec}").parse::<ExportSpec>().unwrap().source
+            else {
+                panic!("{spec} is no rbd: source");
+            };
+            assert_eq!(
+                parsed.to_string(),
+                spec,
+                "written back as the rbd command does"
+            );
+            assert_eq!(parsed.rbd_name(), rbd_name);
+        }
         assert_eq!(
             "v=rbd:rbd/vol"
                 .parse::<ExportSpec>()
@@ -283,7 +328,9 @@ mod tests {
             "v=rbd:vol",
             "v=rbd:/vol",
             "v=rbd:p/",
-            "v=rbd:p/ns/vol",
+            "v=rbd:p//vol",
+            "v=rbd:p/ns/vol/x",
+            "v=rbd:p/ns/",
             "v=rbd:p/vol@",
         ] {
             let e = bad.parse::<ExportSpec>().unwrap_err();

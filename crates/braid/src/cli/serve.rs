@@ -202,8 +202,9 @@ pub struct ServeArgs {
     pub gateway_lease: Option<f64>,
 
     /// Exports: NAME=SOURCE, where SOURCE is a file, a block device,
-    /// mem:SIZE or rbd:POOL/IMAGE[@SNAPSHOT] (e.g. vol=/srv/disk.img,
-    /// demo=mem:1GiB, vol=rbd:rbd/vol)
+    /// mem:SIZE or rbd:POOL/[NAMESPACE/]IMAGE[@SNAPSHOT] (e.g.
+    /// vol=/srv/disk.img, demo=mem:1GiB, vol=rbd:rbd/vol,
+    /// vol=rbd:rbd/tenant1/vol)
     #[arg(required_unless_present = "config", value_name = "NAME=SOURCE")]
     pub exports: Vec<ExportSpec>,
 }

@@ -10,6 +10,7 @@
 //! a series' `le` labels never change and `histogram_quantile` works.
 
 pub mod attach;
+pub mod gateway;
 pub mod target;
 
 use std::fmt;
@@ -89,6 +90,15 @@ impl Buckets {
             sum: h.sum().as_secs_f64(),
             count: h.count(),
             cumulative: h.fixed_buckets(),
+        }
+    }
+
+    /// A server's histogram (the same fixed edges).
+    pub fn of_latencies(l: &braid_store::stats::Latencies) -> Self {
+        Self {
+            sum: l.sum_us as f64 / 1e6,
+            count: l.count(),
+            cumulative: l.cumulative(),
         }
     }
 }

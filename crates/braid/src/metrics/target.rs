@@ -105,15 +105,7 @@ impl Collector for TargetCollector {
         )?;
         let rows: Vec<(Labels, Buckets)> = totals
             .iter()
-            .map(|(k, t)| {
-                let l = &t.flush_latency;
-                let b = Buckets {
-                    sum: l.sum_us as f64 / 1e6,
-                    count: l.count(),
-                    cumulative: l.cumulative(),
-                };
-                (labels(k), b)
-            })
+            .map(|(k, t)| (labels(k), Buckets::of_latencies(&t.flush_latency)))
             .collect();
         histograms(
             &mut enc,
@@ -148,6 +140,7 @@ impl Collector for TargetCollector {
             "1 once a cache flush of the export's storage failed: every FLUSH and FUA write \
              fails with EIO until braid serve is restarted",
             &failed,
-        )
+        )?;
+        super::gateway::encode(&mut enc, &self.exports)
     }
 }

@@ -94,6 +94,7 @@ pub(super) fn handler(
                 size: e.size(),
                 read_only: e.read_only,
                 identity: e.volume.to_string(),
+                peers: crate::status::peers_of(e),
             })
             .collect();
         let status = ctl::Status::Serve {

@@ -156,29 +156,58 @@ impl Cluster {
         size: &str,
         features: Option<&str>,
     ) -> Image<'_> {
-        let name = unique(hint);
-        let spec = format!("{pool}/{name}");
+        self.image_named(pool, None, &unique(hint), size, features)
+    }
+
+    /// An image called exactly `name` in `pool`, inside RADOS `namespace`
+    /// (made with [`Self::namespace`]) or the pool's default one.
+    pub fn image_named(
+        &self,
+        pool: &str,
+        namespace: Option<&Namespace>,
+        name: &str,
+        size: &str,
+        features: Option<&str>,
+    ) -> Image<'_> {
+        let ns = namespace.map(|n| n.name.clone());
+        let spec = image_spec(pool, ns.as_deref(), name);
         let mut args = vec!["create", "--size", size];
         if let Some(f) = features {
             args.extend(["--image-feature", f]);
         }
         args.push(&spec);
         self.ok("rbd", &args);
-        self.adopt(pool, &name)
+        self.adopt_in(pool, ns.as_deref(), name)
     }
 
     /// An image that exists already (made by `rbd clone`, `rbd cp`...),
     /// removed like the others when dropped.
     pub fn adopt(&self, pool: &str, name: &str) -> Image<'_> {
-        let spec = format!("{pool}/{name}");
+        self.adopt_in(pool, None, name)
+    }
+
+    fn adopt_in(&self, pool: &str, namespace: Option<&str>, name: &str) -> Image<'_> {
+        let spec = image_spec(pool, namespace, name);
         let info = self.ok("rbd", &["info", "--format", "json", &spec]);
         let info: serde_json::Value = serde_json::from_slice(&info).expect("rbd info json");
         let id = info["id"].as_str().expect("image id").to_owned();
         Image {
             cluster: self,
             pool: pool.to_owned(),
+            namespace: namespace.map(str::to_owned),
             name: name.to_owned(),
             id,
+        }
+    }
+
+    /// A new RADOS namespace in pool `rbd` (`rbd namespace create`),
+    /// removed when dropped (after the images made in it).
+    pub fn namespace(&self, hint: &str) -> Namespace<'_> {
+        let name = unique(hint);
+        self.ok("rbd", &["namespace", "create", &format!("rbd/{name}")]);
+        Namespace {
+            cluster: self,
+            name,
         }
     }
 
@@ -419,6 +448,29 @@ impl Spawned {
     }
 }
 
+/// `POOL/[NAMESPACE/]NAME`, as the `rbd` command takes an image.
+fn image_spec(pool: &str, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) => format!("{pool}/{ns}/{name}"),
+        None => format!("{pool}/{name}"),
+    }
+}
+
+/// A RADOS namespace in pool `rbd`, removed when dropped.
+pub struct Namespace<'a> {
+    cluster: &'a Cluster,
+    pub name: String,
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.cluster.tool(
+            "rbd",
+            &["namespace", "remove", &format!("rbd/{}", self.name)],
+        );
+    }
+}
+
 /// A pool of the shared cluster, removed when dropped.
 pub struct Pool<'a> {
     cluster: &'a Cluster,
@@ -439,19 +491,21 @@ impl Drop for Pool<'_> {
 pub struct Image<'a> {
     cluster: &'a Cluster,
     pub pool: String,
+    /// Its RADOS namespace, `None` for the pool's default one.
+    pub namespace: Option<String>,
     pub name: String,
     pub id: String,
 }
 
 impl Image<'_> {
-    /// `rbd:POOL/NAME`.
+    /// `rbd:POOL/[NAMESPACE/]NAME`.
     pub fn spec(&self) -> String {
         format!("rbd:{}", self.rbd_name())
     }
 
-    /// `POOL/NAME`, as the `rbd` command takes it.
+    /// `POOL/[NAMESPACE/]NAME`, as the `rbd` command takes it.
     pub fn rbd_name(&self) -> String {
-        format!("{}/{}", self.pool, self.name)
+        image_spec(&self.pool, self.namespace.as_deref(), &self.name)
     }
 
     /// The image's bytes as `rbd export` reads them from the cluster,
@@ -493,14 +547,12 @@ impl Drop for Image<'_> {
         let _ = self
             .cluster
             .tool("rbd", &["rm", "--no-progress", &self.rbd_name()]);
-        let _ = self.cluster.tool(
-            "rados",
-            &[
-                "-p",
-                &self.pool,
-                "rm",
-                &format!("braid_gateways.{}", self.id),
-            ],
-        );
+        let barrier = format!("braid_gateways.{}", self.id);
+        let mut args = vec!["-p", &self.pool];
+        if let Some(ns) = &self.namespace {
+            args.extend(["-N", ns]);
+        }
+        args.extend(["rm", &barrier]);
+        let _ = self.cluster.tool("rados", &args);
     }
 }

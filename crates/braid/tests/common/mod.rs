@@ -497,6 +497,21 @@ pub fn output(cmd: &mut Command, limit: Duration) -> Output {
     }
 }
 
+/// GET /metrics from a `--metrics` listener on loopback, bounded in time;
+/// the body.
+pub fn scrape(port: u16) -> String {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("metrics listener");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (head, body) = resp.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    body.to_owned()
+}
+
 /// Runs a Python script under nbdsh (libnbd's shell; `nbd` is imported and
 /// `h` is an unconnected handle) and returns its stdout.
 pub fn nbdsh(script: &str) -> String {
