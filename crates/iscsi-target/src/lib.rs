@@ -1,11 +1,11 @@
 //! `braid serve --iscsi`: the same exports as iSCSI targets, one LUN each,
-//! on every portal address. Both protocols share each export's backend, so
+//! on every portal address. Both protocols share each export's storage, so
 //! a SYNCHRONIZE CACHE covers writes made over NBD and a FLUSH covers
 //! writes made over iSCSI.
 //!
-//! The protocol itself is `braid-iscsi`'s (sans-IO); this module only
-//! moves bytes and calls the backend. Exports forwarded to another server
-//! (braid attach) are not offered over iSCSI.
+//! The protocol itself is `braid-iscsi`'s (sans-IO); this crate only
+//! moves bytes and runs commands through the store's executor, on any
+//! kind of storage (a multipath volume of `braid attach` too).
 
 mod cache;
 mod command;
@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use braid_store::export::{Export, Exports, Storage};
+use braid_store::export::{Export, Exports};
 use braid_store::hold::Hold;
 use braid_store::portal::Portal;
 use braid_store::{access, backend, export, hold};
@@ -43,7 +43,7 @@ pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
     protocol: "iSCSI",
     tls: false,
     fenced_across_gateways: false,
-    forwarded: false,
+    forwarded: true,
 };
 
 pub use ports::AluaError;
@@ -267,7 +267,6 @@ impl IscsiServer {
             .collect();
         let targets = exports
             .iter()
-            .filter(|e| CAPABILITIES.forwarded || matches!(e.storage, Storage::Local(_)))
             .map(|e| {
                 let kept = |what: &str| {
                     cfg.state_dir

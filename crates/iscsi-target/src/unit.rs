@@ -7,10 +7,11 @@ use std::sync::Arc;
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::{alua, check_range, opcodes, Command, PortGroup, Sense};
 
+use braid_block::Error;
+
 use super::media;
 
-use crate::backend::Backend;
-use crate::export::{Export, Storage};
+use crate::export::Export;
 
 /// Logical block size every LUN is offered with.
 pub const BLOCK: u32 = 512;
@@ -33,23 +34,19 @@ pub enum Outcome {
 /// The unit as SCSI describes it through the portal with tag `tag`, of
 /// the target named `target`, served by the process `instance`.
 pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit {
-    let (thin, rotational) = match &export.storage {
-        Storage::Local(b) => {
-            let c = b.caps();
-            // UNMAP punches holes, which read back as zeroes; without
-            // allocation status GET LBA STATUS could not answer.
-            (c.trim && c.extents, c.rotational)
-        }
-        Storage::Forwarded(_) => (false, false),
-    };
+    let a = export.storage.abilities();
+    // UNMAP punches holes, which read back as zeroes; without allocation
+    // status GET LBA STATUS could not answer. Storage reached elsewhere
+    // makes no such promise of its holes.
+    let thin = a.trim && a.block_status && export.storage.backend().is_some();
     Unit {
         blocks: export.size() / u64::from(BLOCK),
         block_size: BLOCK,
         uuid: *export.volume.as_bytes(),
-        read_only: export.read_only,
+        read_only: export.read_only || a.read_only,
         thin,
         zeroes_after_unmap: thin,
-        rotational,
+        rotational: a.rotational,
         max_transfer_blocks: MAX_TRANSFER / BLOCK,
         relative_port: tag,
         port_group: tag,
@@ -58,10 +55,15 @@ pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit
     }
 }
 
-pub(crate) fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
-    match &export.storage {
-        Storage::Local(b) => Some(b.clone()),
-        Storage::Forwarded(_) => None,
+/// The one place a block error becomes SCSI sense: a medium error in the
+/// direction the command moved data (`write`: it changes the medium); the
+/// words go to the log.
+pub(crate) fn sense(e: &Error, write: bool) -> Sense {
+    tracing::debug!(kind = %e.kind, "iSCSI command failed: {}", e.message);
+    if write {
+        Sense::WRITE_ERROR
+    } else {
+        Sense::READ_ERROR
     }
 }
 
@@ -107,9 +109,6 @@ pub async fn execute(
     data: Option<Vec<u8>>,
     groups: impl FnOnce() -> Vec<PortGroup>,
 ) -> Outcome {
-    if backend(export).is_none() {
-        return Outcome::Check(Sense::new(braid_iscsi::scsi::Key::NotReady, 0x04, 0x00));
-    }
     let writes = matches!(
         cmd,
         Command::Write { .. }
@@ -172,11 +171,12 @@ pub async fn execute(
 
 /// Whether this unit carries out a command REPORT SUPPORTED OPERATION
 /// CODES lists: UNMAP and GET LBA STATUS where the backend keeps holes,
-/// COMPARE AND WRITE where no other gateway writes the image.
+/// COMPARE AND WRITE and ORWRITE where their read and write can be made
+/// atomic.
 fn offered(export: &Export, unit: &Unit, opcode: u8, action: Option<u16>) -> bool {
     match (opcode, action) {
         (0x42, _) | (0x9e, Some(0x12)) => unit.thin,
-        (0x89 | 0x8b, _) => export.peers.is_none(),
+        (0x89 | 0x8b, _) => braid_store::compound::atomic(export),
         _ => true,
     }
 }

@@ -85,9 +85,7 @@ impl InProcess {
 
     /// Bytes of the volume, read from its backend directly.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        let braid_store::Storage::Local(b) = &self.export.storage else {
-            unreachable!("a local export")
-        };
+        let b = self.export.storage.backend().expect("a local export");
         let mut buf = vec![0; len];
         b.read_at(&mut buf, offset).expect("read the backend");
         buf
