@@ -55,6 +55,9 @@ pub(crate) struct Lun {
     pub tag: u16,
     /// Test hook: commands of this session wait here before the backend.
     pub hold: Arc<Hold>,
+    /// Told when a command found the storage lost to this server: the
+    /// connection then closes (see [`Outcome::Lost`]).
+    pub lost: Arc<Notify>,
 }
 
 /// A place in the command window, given back when the task ends.
@@ -457,6 +460,8 @@ impl Commands {
                 )],
                 Outcome::Check(sense) => vec![check(itt, sense)],
                 Outcome::Conflict => vec![conflict(itt)],
+                // Never sent: `run` closes the connection instead.
+                Outcome::Lost => Vec::new(),
             };
             outbox.send(Batch { pdus, permit: None });
         });
@@ -512,6 +517,15 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
             unit::execute(&lun.served.export, &lun.unit, wce, cmd, data, groups).await
         }
     };
+    if let Outcome::Lost = outcome {
+        warn!(
+            "{} lost its storage (ESHUTDOWN): closing the connection unanswered \
+             so that the initiator fails over",
+            lun.served.export.name
+        );
+        lun.lost.notify_one();
+        return None;
+    }
     ctl.answer().then_some(outcome)
 }
 
@@ -573,6 +587,13 @@ fn outcome_batch(
         Outcome::Conflict => {
             return Batch {
                 pdus: vec![conflict(itt)],
+                permit: None,
+            }
+        }
+        // Never sent: `run` closes the connection instead.
+        Outcome::Lost => {
+            return Batch {
+                pdus: Vec::new(),
                 permit: None,
             }
         }

@@ -195,6 +195,7 @@ async fn full_feature(
                 ctx.tag,
             )),
             hold: ctx.shared.hold_for(&s.initiator),
+            lost: Arc::new(tokio::sync::Notify::new()),
             shared: ctx.shared.clone(),
             tag: ctx.tag,
             served: t,
@@ -202,6 +203,7 @@ async fn full_feature(
         Commands::new(Arc::new(lun), outbox.clone(), s.params)
     });
     let owner = cmds.as_ref().map(|c| c.owner.clone());
+    let lost = cmds.as_ref().map(|c| c.lun.lost.clone());
     let mut replaced = registration.as_ref().map(|r| r.stop.clone());
     // Once the server stops, the initiator is asked to log out (so it
     // moves its I/O elsewhere at once) and given a moment to.
@@ -217,6 +219,9 @@ async fn full_feature(
                         Ok(_) => continue,
                         Err(e) => break Err(e.to_string()),
                     },
+                    () = notified(lost.as_deref()) => {
+                        break Err("the storage is lost to this server: closing".into());
+                    }
                     () = notified(owner.as_deref()) => {
                         if let Some(c) = cmds.as_mut() {
                             c.sweep();

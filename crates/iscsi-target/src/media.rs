@@ -19,7 +19,7 @@ use braid_store::compound::{self, Change};
 use braid_store::exec::{self, Job};
 use bytes::Bytes;
 
-use super::unit::{sense, transfer_len, Outcome, BLOCK};
+use super::unit::{failed, transfer_len, Outcome, BLOCK};
 use crate::backend::Extent;
 use crate::export::Export;
 
@@ -37,12 +37,12 @@ fn bytes(blocks: impl Into<u64>) -> u64 {
     blocks.into() * u64::from(BLOCK)
 }
 
-/// Runs `job` through the executor; GOOD with no data, or the sense of
+/// Runs `job` through the executor; GOOD with no data, or the answer to
 /// its error (`write`: the command changes the medium).
 async fn submit(e: &Arc<Export>, job: Job, payload: Option<Bytes>, write: bool) -> Outcome {
     match exec::submit(e, job, payload).await {
         Ok(_) => Outcome::Good(Vec::new()),
-        Err(err) => Outcome::Check(sense(&err, write)),
+        Err(err) => failed(&err, write),
     }
 }
 
@@ -79,7 +79,7 @@ pub async fn execute(
             Err(s) => Outcome::Check(s),
             Ok(len) => match read(&e, bytes(lba), u64::from(len)).await {
                 Ok(buf) => Outcome::Good(buf),
-                Err(e) => Outcome::Check(sense(&e, false)),
+                Err(e) => failed(&e, false),
             },
         },
         Command::Write { lba, blocks, fua } => {
@@ -126,8 +126,9 @@ pub async fn execute(
             // Write-through: the holes are made stable once, after all.
             for r in &ranges {
                 let trim = Job::new(Op::Trim, bytes(r.lba), bytes(r.blocks));
-                if let Outcome::Check(s) = submit(&e, trim, None, true).await {
-                    return Outcome::Check(s);
+                match submit(&e, trim, None, true).await {
+                    Outcome::Good(_) => {}
+                    failed => return failed,
                 }
             }
             if write_cache {
@@ -262,7 +263,7 @@ async fn lba_status(e: Arc<Export>, unit: &Unit, lba: u64, alloc: u32) -> Outcom
             }
             Outcome::Good(respond::lba_status(&runs, alloc))
         }
-        Err(e) => Outcome::Check(sense(&e, false)),
+        Err(e) => failed(&e, false),
     }
 }
 
@@ -299,7 +300,7 @@ async fn or_write(
     };
     match compound::read_modify_write(&e, bytes(lba), len, fua, or).await {
         Ok(()) => Outcome::Good(Vec::new()),
-        Err(err) => Outcome::Check(sense(&err, true)),
+        Err(err) => failed(&err, true),
     }
 }
 
@@ -341,7 +342,7 @@ async fn compare_and_write(
     match compound::read_modify_write(&e, bytes(lba), n, fua, compare).await {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
-        Err(err) => Outcome::Check(sense(&err, true)),
+        Err(err) => failed(&err, true),
     }
 }
 
@@ -389,7 +390,7 @@ async fn verify(
     match r.map(|now| first_difference(&now, &sent)) {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
-        Err(e) => Outcome::Check(sense(&e, false)),
+        Err(e) => failed(&e, false),
     }
 }
 
@@ -412,6 +413,6 @@ async fn write_and_verify(
     match compound::write_and_verify(&e, bytes(lba), Bytes::from(data)).await {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
-        Err(err) => Outcome::Check(sense(&err, true)),
+        Err(err) => failed(&err, true),
     }
 }

@@ -29,6 +29,9 @@ pub enum Outcome {
     /// RESERVATION CONFLICT: another nexus holds a reservation this
     /// command may not pass.
     Conflict,
+    /// Nothing: the storage is lost to this server
+    /// ([`braid_store::exec::lost`]), and the connection closes instead.
+    Lost,
 }
 
 /// The unit as SCSI describes it through the portal with tag `tag`, of
@@ -55,16 +58,25 @@ pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit
     }
 }
 
-/// The one place a block error becomes SCSI sense: a medium error in the
-/// direction the command moved data (`write`: it changes the medium); the
-/// words go to the log.
-pub(crate) fn sense(e: &Error, write: bool) -> Sense {
+/// The one place a block error becomes the answer to a SCSI command. Storage
+/// lost to this server is answered by closing the connection (the store's
+/// rule, as over NBD): the initiator takes it for a failed path, fences
+/// and sends the command elsewhere. A MEDIUM ERROR would tell it the data
+/// itself is bad, which no multipath layer retries on another path; an
+/// ALUA state or ABORTED COMMAND that the command never ran, so it would
+/// be sent elsewhere at once, unfenced, though part of a write may have
+/// landed. Anything else is a medium error in the direction the command
+/// moved data (`write`: it changes the medium); the words go to the log.
+pub(crate) fn failed(e: &Error, write: bool) -> Outcome {
     tracing::debug!(kind = %e.kind, "iSCSI command failed: {}", e.message);
-    if write {
+    if braid_store::exec::lost(e) {
+        return Outcome::Lost;
+    }
+    Outcome::Check(if write {
         Sense::WRITE_ERROR
     } else {
         Sense::READ_ERROR
-    }
+    })
 }
 
 /// Bytes a READ or WRITE moves, checked against the unit and the limit.

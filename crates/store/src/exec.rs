@@ -202,6 +202,15 @@ impl Storage for OnHost {
     }
 }
 
+/// Whether `e` says the storage is lost to this server (see [`Backend`]):
+/// every front end then leaves the operation unanswered and closes its
+/// connection, so that the client takes it for a failed path, fences it
+/// and goes elsewhere, rather than for a bad medium or an operation that
+/// never ran.
+pub fn lost(e: &Error) -> bool {
+    e.kind == ErrorKind::ShuttingDown
+}
+
 /// The one place a storage error becomes a block error: `what` at
 /// `offset` failed with `e`.
 pub fn error(what: &str, offset: u64, e: &io::Error) -> Error {

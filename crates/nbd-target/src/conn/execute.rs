@@ -178,17 +178,17 @@ pub(crate) fn data_reply(
 }
 
 fn failed(style: &ReplyStyle, cookie: Cookie, e: &Error) -> Reply {
-    match e.kind {
-        // See `Backend`: the storage is lost to this server; the client
-        // must fence this connection and go elsewhere.
-        ErrorKind::ShuttingDown => Reply {
+    if exec::lost(e) {
+        // The store's rule: the client must fence this connection and go
+        // elsewhere.
+        return Reply {
             parts: Vec::new(),
             file: None,
             ok: false,
             cut: true,
-        },
-        kind => error_reply(style, cookie, errno(kind), &e.message),
+        };
     }
+    error_reply(style, cookie, errno(e.kind), &e.message)
 }
 
 fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Reply {
