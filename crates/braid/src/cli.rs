@@ -719,12 +719,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_requests_per_connection: Option<usize>,
 
-    /// Payload bytes in flight per connection [default: 128M]
+    /// Payload bytes in flight per connection (NBD's and iSCSI's)
+    /// [default: 128M]
     #[arg(long, value_name = "SIZE")]
     pub max_inflight_per_connection: Option<String>,
 
     /// Payload bytes in flight on the whole server, across connections
-    /// [default: 1G]
+    /// (NBD's and iSCSI's each) [default: 1G]
     #[arg(long, value_name = "SIZE")]
     pub max_inflight_total: Option<String>,
 

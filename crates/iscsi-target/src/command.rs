@@ -6,10 +6,11 @@
 //! finish in any order (SIMPLE tasks, unrestricted reordering: the control
 //! mode page says QAM 1).
 //!
-//! Memory is bounded per connection: WRITEs waiting for their data may
-//! hold [`MAX_PENDING_WRITE_BYTES`] (past it a WRITE is answered TASK SET
-//! FULL), and READ data waiting to be sent [`MAX_READ_BYTES`] (past it
-//! READs wait their turn).
+//! Memory is bounded: WRITEs waiting for their data may hold
+//! [`MAX_PENDING_WRITE_BYTES`] per connection (past it a WRITE is answered
+//! TASK SET FULL), and READ data waiting to be sent what the store's
+//! limits allow per connection and across the server (`budget.rs`; past
+//! them READs wait their turn).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,10 +22,11 @@ use braid_iscsi::scsi::sense::status;
 use braid_iscsi::scsi::{check_range, Command, Delivery, Key, Sense};
 use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
 use bytes::Bytes;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::warn;
 
+use super::budget::{ConnBudget, Held};
 use super::lu::Nexus;
 use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
 use super::task::{abort_all, Task};
@@ -39,10 +41,6 @@ use crate::hold::Hold;
 /// queue depth times 8 MiB; past it a WRITE is answered TASK SET FULL and
 /// the initiator retries it later.
 pub(crate) const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
-
-/// Bytes of READ data one connection may hold between the backend and
-/// the socket.
-pub(crate) const MAX_READ_BYTES: usize = 64 << 20;
 
 /// The logical unit as one session reaches it.
 #[derive(Debug)]
@@ -111,7 +109,7 @@ pub(crate) struct Commands {
     pub params: Params,
     /// Woken when a task of this connection is aborted from anywhere.
     pub owner: Arc<Notify>,
-    reads: Arc<Semaphore>,
+    reads: ConnBudget,
     pending: HashMap<u32, PendingWrite>,
     pending_bytes: usize,
     running: JoinSet<()>,
@@ -119,12 +117,13 @@ pub(crate) struct Commands {
 
 impl Commands {
     pub fn new(lun: Arc<Lun>, outbox: Outbox, params: Params) -> Self {
+        let reads = lun.shared.budget.connection(lun.shared.limits.max_bytes);
         Self {
             lun,
             outbox,
             params,
             owner: Arc::new(Notify::new()),
-            reads: Arc::new(Semaphore::new(MAX_READ_BYTES)),
+            reads,
             pending: HashMap::new(),
             pending_bytes: 0,
             running: JoinSet::new(),
@@ -247,7 +246,7 @@ impl Commands {
         self.run_command(want, async move {
             let _slot = slot;
             let permit = tokio::select! {
-                p = reads.acquire_many_owned(want) => p.ok(),
+                p = reads.hold(want as usize) => p,
                 () = task.ctl.until_aborted() => return,
             };
             let Some(outcome) = run(&lun, &task, cmd, None).await else {
@@ -575,7 +574,7 @@ fn outcome_batch(
     outcome: Outcome,
     expected: u32,
     params: &Params,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    permit: Option<Held>,
 ) -> Batch {
     let data = match outcome {
         Outcome::Check(sense) => {

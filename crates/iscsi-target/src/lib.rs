@@ -7,6 +7,7 @@
 //! moves bytes and runs commands through the store's executor, on any
 //! kind of storage (a multipath volume of `braid attach` too).
 
+mod budget;
 mod cache;
 mod command;
 mod conn;
@@ -68,9 +69,10 @@ pub struct IscsiConfig {
     /// initiators that send SYNCHRONIZE CACHE; every other unit is
     /// write-through.
     pub write_cache: std::collections::HashSet<String>,
-    /// The server's limits: connections in total and per client address
-    /// (NBD's and iSCSI's are counted apart), and the time a login has
-    /// (the handshake timeout).
+    /// The server's limits: connections in total and per client address,
+    /// READ data held per connection and across the server (NBD's and
+    /// iSCSI's are counted apart), and the time a login has (the
+    /// handshake timeout).
     pub limits: braid_store::Limits,
     /// The process's instance, as NBD reports it (`x-braid:instance`),
     /// answered in VPD page 0xC0.
@@ -106,6 +108,8 @@ pub(crate) struct Shared {
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
     pub limits: braid_store::Limits,
+    /// READ data held between storage and sockets, bounded by `limits`.
+    pub budget: budget::Budget,
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
     /// Connections open, by client address.
@@ -187,6 +191,12 @@ pub struct IscsiHandle {
 }
 
 impl IscsiHandle {
+    /// Bytes of READ data held between storage and the sockets, across
+    /// every connection (at most the limits' `max_total_bytes`).
+    pub fn payload_in_flight(&self) -> usize {
+        self.shared.budget.in_flight()
+    }
+
     /// Target names, in export order.
     pub fn target_names(&self) -> Vec<String> {
         self.shared.targets.iter().map(|t| t.name.clone()).collect()
@@ -292,6 +302,7 @@ impl IscsiServer {
                 chap: cfg.chap.clone(),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),
+                budget: budget::Budget::new(cfg.limits.max_total_bytes),
                 instance: cfg.instance,
                 clients: Mutex::default(),
                 holds: Mutex::default(),
