@@ -714,8 +714,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
 
-    /// Requests in flight per connection (more wait in the socket)
-    /// [default: 256]
+    /// Requests in flight per connection, NBD's or iSCSI's (more wait in
+    /// the socket; an iSCSI command window is at most 64) [default: 256]
     #[arg(long, value_name = "N")]
     pub max_requests_per_connection: Option<usize>,
 
@@ -734,7 +734,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub handshake_timeout: Option<f64>,
 
-    /// Close connections idle this many seconds (0: never) [default: 0]
+    /// Close connections, NBD's and iSCSI's, idle this many seconds (0:
+    /// never) [default: 0]
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<f64>,
 

@@ -11,15 +11,15 @@ mod iscsikit;
 #[allow(dead_code)]
 mod forward;
 
-use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::sync::Arc;
 
-use braid_initiator::{Volume, VolumeConfig};
-use braid_iscsi_target::{IscsiConfig, IscsiServer};
+use braid_initiator::{Volume, VolumeConfig, VolumeUri};
+use braid_iscsi_target::IscsiConfig;
 use braid_nbd_target::Target;
 use braid_store::backend::{Backend, FileBackend};
 use braid_store::portal::Portal;
 use braid_store::{Export, Exports, Limits};
+use iscsikit::inproc::IscsiOnly;
 use iscsikit::{Initiator, CHECK_CONDITION};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:fwd";
@@ -41,53 +41,32 @@ fn iscsi_serves_a_forwarded_volume_byte_for_byte() {
         false,
         uuid::Uuid::new_v4(),
     ));
-    let (tx, rx) = mpsc::channel();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        rt.block_on(async move {
+    // The upstream NBD server and the volume run on the target's runtime
+    // and end with it.
+    let make = move || -> std::pin::Pin<Box<dyn std::future::Future<Output = Exports>>> {
+        Box::pin(async move {
             let nbd = Target::bind(Exports::new(vec![upstream]), &[portal()], Limits::default())
                 .expect("bind the NBD portal");
             let nbd_addr = nbd.local_addrs()[0];
-            let nbd_stop = nbd.stop_handle();
-            let nbd_run = tokio::spawn(nbd.run());
-            let uri: braid_initiator::VolumeUri =
-                format!("nbd://{nbd_addr}/vol").parse().expect("a URI");
+            tokio::spawn(nbd.run());
+            let uri: VolumeUri = format!("nbd://{nbd_addr}/vol").parse().expect("a URI");
             let vol = Volume::open(VolumeConfig::new(uri))
                 .await
                 .expect("open the volume");
-            let vol = Arc::new(vol);
-            let fwd = Arc::new(Export {
+            Exports::new(vec![Arc::new(Export {
                 name: "fwd".into(),
                 description: "a volume over NBD".into(),
-                storage: Arc::new(forward::VolumeForward(vol.clone())),
+                storage: Arc::new(forward::VolumeForward(Arc::new(vol))),
                 read_only: false,
                 volume: uuid::Uuid::new_v4(),
                 allow: Vec::new(),
                 peers: None,
                 writes: Default::default(),
-            });
-            let iscsi = IscsiServer::bind(
-                &[portal()],
-                &Exports::new(vec![fwd]),
-                &IscsiConfig::default(),
-            )
-            .await
-            .expect("bind the iSCSI portal");
-            tx.send(iscsi.local_addrs()[0]).expect("the test waits");
-            iscsi.run(stopped).await;
-            vol.close().await;
-            nbd_stop.stop();
-            let _ = nbd_run.await;
-        });
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the servers started");
+            })])
+        })
+    };
+    let server = IscsiOnly::start(IscsiConfig::default(), Box::new(make));
+    let addr = server.addr;
 
     let mut i = Initiator::login(addr, TARGET);
     let pattern: Vec<u8> = (0..1 << 20)
@@ -124,6 +103,4 @@ fn iscsi_serves_a_forwarded_volume_byte_for_byte() {
         "COMPARE AND WRITE over a forwarded volume"
     );
     i.logout();
-    stop.send(true).expect("the server runs");
-    server.join().expect("the server stopped");
 }

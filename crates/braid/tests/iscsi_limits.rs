@@ -1,18 +1,20 @@
-//! The store's limits over iSCSI: READ data held between the storage and
-//! the sockets is bounded per connection (`max_bytes`) and across the
-//! server (`max_total_bytes`), so initiators that send READs and never
-//! read their sockets cannot take the host's memory. Measured by the
-//! target's own figure of payload held, not by a time.
+//! The store's limits over iSCSI, as over NBD: READ data held between the
+//! storage and the sockets is bounded per connection (`max_bytes`) and
+//! across the server (`max_total_bytes`), so initiators that send READs
+//! and never read their sockets cannot take the host's memory (measured by
+//! the target's own figure of payload held, not by a time); the command
+//! window is no wider than `max_requests`; a session that sends nothing
+//! is closed at `idle_timeout`.
 
 mod iscsikit;
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
-use braid_iscsi_target::{IscsiConfig, IscsiServer};
+use braid_iscsi_target::IscsiConfig;
 use braid_store::backend::FileBackend;
-use braid_store::portal::Portal;
-use braid_store::{Export, Exports, Limits};
+use braid_store::{Export, Limits};
+use iscsikit::inproc::IscsiOnly;
 use iscsikit::{who, Initiator};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
@@ -27,13 +29,8 @@ fn read16(lba: u64, blocks: u32) -> [u8; 16] {
     c
 }
 
-#[test]
-fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
-    let limits = Limits {
-        max_bytes: 32 * MIB,
-        max_total_bytes: 16 * MIB,
-        ..Limits::default()
-    };
+/// An iSCSI target over 64 MiB of memory with `limits`, in this process.
+fn start(limits: Limits) -> IscsiOnly {
     let export = Arc::new(Export::local(
         "vol",
         "memory",
@@ -41,39 +38,27 @@ fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
         false,
         uuid::Uuid::new_v4(),
     ));
-    let (tx, rx) = mpsc::channel();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        rt.block_on(async move {
-            let portal = Portal {
-                addr: "127.0.0.1:0".parse().expect("an address"),
-                device: None,
-            };
-            let cfg = IscsiConfig {
-                limits,
-                ..IscsiConfig::default()
-            };
-            let iscsi = IscsiServer::bind(&[portal], &Exports::new(vec![export]), &cfg)
-                .await
-                .expect("bind the iSCSI portal");
-            tx.send((iscsi.local_addrs()[0], iscsi.handle()))
-                .expect("the test waits");
-            iscsi.run(stopped).await;
-        });
-    });
-    let (addr, handle) = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the server started");
+    let cfg = IscsiConfig {
+        limits,
+        ..IscsiConfig::default()
+    };
+    IscsiOnly::serving(cfg, export)
+}
 
+#[test]
+fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
+    let server = start(Limits {
+        max_bytes: 32 * MIB,
+        max_total_bytes: 16 * MIB,
+        ..Limits::default()
+    });
     // Eight sessions, each asking for 48 MiB it never reads: 384 MiB in
     // all, each session's share alone (32 MiB) twice the server's bound.
     let mut sessions: Vec<Initiator> = (1..=8)
-        .map(|n| Initiator::login_as(addr, TARGET, &who("iqn.2026-11.org.example:reader", n)))
+        .map(|n| {
+            let who = who("iqn.2026-11.org.example:reader", n);
+            Initiator::login_as(server.addr, TARGET, &who)
+        })
         .collect();
     for s in &mut sessions {
         for k in 0..48u64 {
@@ -84,7 +69,7 @@ fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
     let (mut most, mut still) = (0, 0);
     for _ in 0..400 {
         std::thread::sleep(Duration::from_millis(25));
-        let now = handle.payload_in_flight();
+        let now = server.handle.payload_in_flight();
         if now > most {
             (most, still) = (now, 0);
         } else {
@@ -102,7 +87,34 @@ fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
         most >= 8 * MIB,
         "the sessions held only {most} bytes: the load never reached the bound"
     );
-    drop(sessions);
-    stop.send(true).expect("the server runs");
-    server.join().expect("the server stopped");
+}
+
+#[test]
+fn the_command_window_is_no_wider_than_max_requests() {
+    let server = start(Limits {
+        max_requests: 4,
+        ..Limits::default()
+    });
+    let mut i = Initiator::login(server.addr, TARGET);
+    i.send_command(&[0; 6], &[], 0);
+    let r = i.next_pdu();
+    let (exp, max) = (r.bhs.u32_at(28), r.bhs.u32_at(32));
+    assert_eq!(
+        max.wrapping_sub(exp).wrapping_add(1),
+        4,
+        "the command window (ExpCmdSN {exp}, MaxCmdSN {max}) with max_requests 4"
+    );
+}
+
+#[test]
+fn a_session_that_sends_nothing_is_closed_at_the_idle_timeout() {
+    let server = start(Limits {
+        idle_timeout: Some(Duration::from_millis(300)),
+        ..Limits::default()
+    });
+    let mut i = Initiator::login(server.addr, TARGET);
+    assert!(
+        i.closed_within(Duration::from_secs(10)),
+        "a session idle past --idle-timeout was kept open"
+    );
 }

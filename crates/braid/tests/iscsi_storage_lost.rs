@@ -9,14 +9,14 @@ mod iscsikit;
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use braid_iscsi::pdu::Opcode;
-use braid_iscsi_target::{IscsiConfig, IscsiServer};
+use braid_iscsi_target::IscsiConfig;
 use braid_store::backend::{Backend, Caps, Extent, FileBackend, ZeroError};
-use braid_store::portal::Portal;
-use braid_store::{Export, Exports};
+use braid_store::Export;
+use iscsikit::inproc::IscsiOnly;
 use iscsikit::{write10_cdb, Initiator};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
@@ -90,30 +90,8 @@ fn a_command_on_lost_storage_is_not_answered_and_its_connection_closes() {
         false,
         uuid::Uuid::new_v4(),
     ));
-    let (tx, rx) = mpsc::channel();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let server = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        rt.block_on(async move {
-            let portal = Portal {
-                addr: "127.0.0.1:0".parse().expect("an address"),
-                device: None,
-            };
-            let exports = Exports::new(vec![export]);
-            let iscsi = IscsiServer::bind(&[portal], &exports, &IscsiConfig::default())
-                .await
-                .expect("bind the iSCSI portal");
-            tx.send(iscsi.local_addrs()[0]).expect("the test waits");
-            iscsi.run(stopped).await;
-        });
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the server started");
+    let server = IscsiOnly::serving(IscsiConfig::default(), export);
+    let addr = server.addr;
 
     let mut i = Initiator::login(addr, TARGET);
     i.write10(8, &[7; 512]);
@@ -140,6 +118,4 @@ fn a_command_on_lost_storage_is_not_answered_and_its_connection_closes() {
     let mut again = Initiator::login(addr, TARGET);
     assert_eq!(again.read10(8, 1), vec![7; 512]);
     again.logout();
-    stop.send(true).expect("the server runs");
-    server.join().expect("the server stopped");
 }

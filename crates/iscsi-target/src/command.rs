@@ -466,6 +466,13 @@ impl Commands {
         });
     }
 
+    /// Whether nothing is in flight: no command running, none waiting
+    /// for its data.
+    pub fn idle(&mut self) -> bool {
+        while self.running.try_join_next().is_some() {}
+        self.running.is_empty() && self.pending.is_empty()
+    }
+
     /// Ends every task of this connection: those waiting never run, those
     /// running finish; returns once all are gone.
     pub async fn shutdown(&mut self) {

@@ -24,7 +24,8 @@ use super::out::{self, lock, Outbox, Sn};
 use super::sessions::{Key, Registration};
 use super::{tmf, unit, Served, Shared};
 
-/// Commands the target lets an initiator have running at once.
+/// Commands the target lets an initiator have running at once, unless
+/// the limits' `max_requests` is lower.
 const QUEUE_DEPTH: u32 = 64;
 
 /// How long a session has to log out once the server stops (the Async
@@ -182,7 +183,10 @@ async fn full_feature(
     visible: Vec<Arc<Served>>,
     mut ctx: Ctx,
 ) -> Result<(), String> {
-    let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, QUEUE_DEPTH)));
+    let limits = &ctx.shared.limits;
+    let depth = QUEUE_DEPTH.min(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
+    let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, depth.max(1))));
+    let idle_timeout = limits.idle_timeout;
     let (mut rd, wr) = stream.into_split();
     let (outbox, writer) = out::start(wr, digests(&s.params), s.stat_sn, window.clone());
     // A normal session is an I_T nexus of its target's unit.
@@ -208,11 +212,25 @@ async fn full_feature(
     // Once the server stops, the initiator is asked to log out (so it
     // moves its I/O elsewhere at once) and given a moment to.
     let mut leaving: Option<tokio::time::Instant> = None;
+    // When the last PDU came: a session with nothing in flight that sends
+    // none for the idle timeout is closed, as an idle NBD connection is
+    // (initiators' NOP-Out pings keep a live one open).
+    let mut last = tokio::time::Instant::now();
     let result = loop {
         let pdu = match framer.next(&mut buf) {
             Ok(Some(p)) => p,
             Err(e) => break Err(e.to_string()),
             Ok(None) => {
+                // While commands run, look again a timeout later.
+                let idle = idle_timeout.map(|t| {
+                    let quiet = cmds.as_mut().is_none_or(|c| c.idle());
+                    let at = if quiet {
+                        last + t
+                    } else {
+                        tokio::time::Instant::now() + t
+                    };
+                    (at, quiet, t)
+                });
                 tokio::select! {
                     r = rd.read_buf(&mut buf) => match r {
                         Ok(0) => break Ok(()),
@@ -237,6 +255,13 @@ async fn full_feature(
                         leaving = Some(tokio::time::Instant::now() + grace);
                         continue;
                     }
+                    () = until(idle.map(|i| i.0)) => {
+                        if let Some((_, true, t)) = idle {
+                            info!("idle for {t:?} (--idle-timeout): closing");
+                            break Ok(());
+                        }
+                        continue;
+                    }
                     () = until(leaving) => {
                         info!("no logout after the server stopped: closing");
                         break Ok(());
@@ -248,6 +273,7 @@ async fn full_feature(
                 }
             }
         };
+        last = tokio::time::Instant::now();
         match handle(&pdu, &s, &window, &outbox, cmds.as_mut(), &visible, &ctx).await {
             Ok(true) => {}
             Ok(false) => break Ok(()),
