@@ -1,8 +1,9 @@
 //! The store's limits over iSCSI, as over NBD: READ data held between the
 //! storage and the sockets is bounded per connection (`max_bytes`) and
-//! across the server (`max_total_bytes`), so initiators that send READs
-//! and never read their sockets cannot take the host's memory (measured by
-//! the target's own figure of payload held, not by a time); the command
+//! across the server (`max_total_bytes`), and so is WRITE data awaited,
+//! so initiators that send READs and never read their sockets, or WRITEs
+//! and never their data, cannot take the host's memory (measured by the
+//! target's own figure of payload held, not by a time); the command
 //! window is no wider than `max_requests`; a session that sends nothing
 //! is closed at `idle_timeout`.
 
@@ -45,6 +46,14 @@ fn start(limits: Limits) -> IscsiOnly {
     IscsiOnly::serving(cfg, export)
 }
 
+/// `n` sessions of initiators named after `role`.
+fn logins(server: &IscsiOnly, role: &str, n: u8) -> Vec<Initiator> {
+    let name = format!("iqn.2026-11.org.example:{role}");
+    (1..=n)
+        .map(|isid| Initiator::login_as(server.addr, TARGET, &who(&name, isid)))
+        .collect()
+}
+
 #[test]
 fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
     let server = start(Limits {
@@ -54,12 +63,7 @@ fn sessions_that_never_read_hold_no_more_than_the_servers_bound() {
     });
     // Eight sessions, each asking for 48 MiB it never reads: 384 MiB in
     // all, each session's share alone (32 MiB) twice the server's bound.
-    let mut sessions: Vec<Initiator> = (1..=8)
-        .map(|n| {
-            let who = who("iqn.2026-11.org.example:reader", n);
-            Initiator::login_as(server.addr, TARGET, &who)
-        })
-        .collect();
+    let mut sessions = logins(&server, "reader", 8);
     for s in &mut sessions {
         for k in 0..48u64 {
             s.send_command(&read16(k * 2048, 2048), &[], MIB as u32);
@@ -117,4 +121,39 @@ fn a_session_that_sends_nothing_is_closed_at_the_idle_timeout() {
         i.closed_within(Duration::from_secs(10)),
         "a session idle past --idle-timeout was kept open"
     );
+}
+
+#[test]
+fn writes_whose_data_never_comes_hold_no_more_than_the_servers_bound() {
+    let server = start(Limits {
+        max_total_bytes: 16 * MIB,
+        ..Limits::default()
+    });
+    // Four sessions announce eight 1 MiB WRITEs each and send no data:
+    // 32 MiB in all, 8 MiB a session (within a connection's own bound).
+    let mut sessions = logins(&server, "writer", 4);
+    let mut taken = 0;
+    for s in &mut sessions {
+        for k in 0..8u32 {
+            s.write10_without_data(k * 2048, 2048);
+        }
+        // One answer each: an R2T asking for the data (taken), or TASK
+        // SET FULL.
+        for _ in 0..8 {
+            let p = s.next_pdu();
+            match p.bhs.opcode() {
+                braid_iscsi::Opcode::R2t => taken += 1,
+                braid_iscsi::Opcode::ScsiResponse => {
+                    assert_eq!(p.bhs.0[3], 0x28, "TASK SET FULL");
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        taken * MIB,
+        16 * MIB,
+        "WRITE data awaited across sessions, with max_total_bytes 16 MiB"
+    );
+    assert_eq!(server.handle.payload_in_flight(), 16 * MIB);
 }

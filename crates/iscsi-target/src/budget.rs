@@ -1,10 +1,13 @@
-//! READ data held between the storage and the socket, bounded as NBD's
-//! is, by the store's [`braid_store::Limits`]: per connection
-//! (`max_bytes`) and across every iSCSI connection of the server
-//! (`max_total_bytes`). A command waits for room before it reads, and the
-//! room comes back once its data is written to the socket, so initiators
-//! that never read their sockets hold no more than the bounds between
-//! them. What is held is counted ([`Budget::in_flight`]).
+//! Payload held in memory, bounded as NBD's is by the store's
+//! [`braid_store::Limits`]: READ data between the storage and the socket
+//! per connection (`max_bytes`), and READ data and WRITE data waiting for
+//! its Data-Out across every iSCSI connection of the server
+//! (`max_total_bytes`). A READ waits for room before it reads, and the
+//! room comes back once its data is written to the socket; a WRITE finds
+//! room at once or is answered TASK SET FULL, and gives it back once
+//! written. So initiators that never read their sockets, or never send
+//! the data they announced, hold no more than the bounds between them.
+//! What is held is counted ([`Budget::in_flight`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,7 +85,23 @@ impl ConnBudget {
             .ok()?;
         self.held.fetch_add(bytes, Ordering::Relaxed);
         Some(Held {
-            _mine: mine,
+            _mine: Some(mine),
+            _all: all,
+            held: self.held.clone(),
+            bytes,
+        })
+    }
+}
+
+impl ConnBudget {
+    /// Room for `bytes` of WRITE data in the server's budget, if there is
+    /// some now (the connection bounds its own apart).
+    pub fn try_hold_write(&self, bytes: usize) -> Option<Held> {
+        let units = bytes.div_ceil(UNIT).min(self.all_units);
+        let all = self.all.clone().try_acquire_many_owned(units as u32).ok()?;
+        self.held.fetch_add(bytes, Ordering::Relaxed);
+        Some(Held {
+            _mine: None,
             _all: all,
             held: self.held.clone(),
             bytes,
@@ -93,7 +112,7 @@ impl ConnBudget {
 /// Room held for one command's data; given back when dropped.
 #[derive(Debug)]
 pub(crate) struct Held {
-    _mine: OwnedSemaphorePermit,
+    _mine: Option<OwnedSemaphorePermit>,
     _all: OwnedSemaphorePermit,
     held: Arc<AtomicUsize>,
     bytes: usize,

@@ -7,10 +7,11 @@
 //! mode page says QAM 1).
 //!
 //! Memory is bounded: WRITEs waiting for their data may hold
-//! [`MAX_PENDING_WRITE_BYTES`] per connection (past it a WRITE is answered
-//! TASK SET FULL), and READ data waiting to be sent what the store's
-//! limits allow per connection and across the server (`budget.rs`; past
-//! them READs wait their turn).
+//! [`MAX_PENDING_WRITE_BYTES`] per connection and what the store's
+//! `max_total_bytes` leaves across the server (past either a WRITE is
+//! answered TASK SET FULL), and READ data waiting to be sent what the
+//! store's limits allow per connection and across the server
+//! (`budget.rs`; past them READs wait their turn).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -94,6 +95,8 @@ struct PendingWrite {
     expected: u32,
     transfer: WriteTransfer,
     buf: Vec<u8>,
+    /// Its room in the server's budget, until it is written.
+    room: Held,
     /// The LUN field as the command carried it, for R2Ts.
     lun_field: u64,
 }
@@ -312,13 +315,16 @@ impl Commands {
             Ok(m) => m,
             Err(sense) => return self.check(itt, sense),
         };
-        if self.pending_bytes + total as usize > MAX_PENDING_WRITE_BYTES {
+        let room = (self.pending_bytes + total as usize <= MAX_PENDING_WRITE_BYTES)
+            .then(|| self.reads.try_hold_write(total as usize))
+            .flatten();
+        let Some(room) = room else {
             let r = response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
             return self.outbox.send(Batch {
                 pdus: vec![r],
                 permit: None,
             });
-        }
+        };
         // Immediate data past what moves is not used (the initiator sent
         // up to its expected length).
         let immediate = pdu.data.len().min(total as usize);
@@ -347,6 +353,7 @@ impl Commands {
             expected,
             transfer,
             buf,
+            room,
             lun_field: b.lun(),
         };
         if w.transfer.complete() {
@@ -441,6 +448,7 @@ impl Commands {
                 cdb_bytes,
                 expected,
                 mut buf,
+                room: _room,
                 ..
             } = w;
             if let Command::Write { blocks, .. } | Command::WriteAndVerify { blocks, .. } = cmd {
