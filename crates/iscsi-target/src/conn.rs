@@ -19,7 +19,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::command::{self, Commands, Lun, Slot};
+use super::answer;
+use super::command::{Commands, Lun, Slot};
 use super::out::{self, lock, Outbox, Sn};
 use super::sessions::{Key, Registration};
 use super::{tmf, unit, Served, Shared};
@@ -340,7 +341,7 @@ async fn handle(
         match cmds {
             Some(c) if c.awaits_data(b.itt()) => c.data_out(pdu),
             _ => outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x09)],
+                pdus: vec![answer::reject(pdu, 0x09)],
                 permit: None,
             }),
         }
@@ -417,7 +418,7 @@ async fn handle(
         Opcode::TaskMgmtRequest => {
             let Some(c) = cmds else {
                 outbox.send(out::Batch {
-                    pdus: vec![command::reject(pdu, 0x04)],
+                    pdus: vec![answer::reject(pdu, 0x04)],
                     permit: None,
                 });
                 return Ok(true);
@@ -433,14 +434,14 @@ async fn handle(
         Opcode::ScsiCommand => match cmds {
             Some(c) => c.command(pdu, slot),
             None => outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x04)],
+                pdus: vec![answer::reject(pdu, 0x04)],
                 permit: None,
             }),
         },
         other => {
             warn!(?other, "unexpected PDU in the full feature phase");
             outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x04)],
+                pdus: vec![answer::reject(pdu, 0x04)],
                 permit: None,
             });
         }

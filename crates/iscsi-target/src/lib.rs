@@ -7,6 +7,7 @@
 //! moves bytes and runs commands through the store's executor, on any
 //! kind of storage (a multipath volume of `braid attach` too).
 
+mod answer;
 mod budget;
 mod cache;
 mod command;
