@@ -31,11 +31,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The storage layer, and the front ends over it.
     ("store", &["block", "netif", "pool", "proto"]),
     ("nbd-target", &["block", "netif", "pool", "proto", "store"]),
-    // proto: the store's backends still describe extents in NBD's state
-    // bits; to go when extents are neutral.
     (
         "iscsi-target",
-        &["block", "netif", "pool", "iscsi", "scsi", "store", "proto"],
+        &["block", "netif", "pool", "iscsi", "scsi", "store"],
     ),
     ("gateway", &["block", "pool", "proto", "rbd", "store"]),
     // The initiator: the engine over transports; no target crate.

@@ -6,26 +6,30 @@
 //! finish in any order (SIMPLE tasks, unrestricted reordering: the control
 //! mode page says QAM 1).
 //!
-//! Memory is bounded per connection: WRITEs waiting for their data may
-//! hold [`MAX_PENDING_WRITE_BYTES`] (past it a WRITE is answered TASK SET
-//! FULL), and READ data waiting to be sent [`MAX_READ_BYTES`] (past it
-//! READs wait their turn).
+//! Memory is bounded: WRITEs waiting for their data may hold
+//! [`MAX_PENDING_WRITE_BYTES`] per connection and what the store's
+//! `max_total_bytes` leaves across the server (past either a WRITE is
+//! answered TASK SET FULL), and READ data waiting to be sent what the
+//! store's limits allow per connection and across the server
+//! (`budget.rs`; past them READs wait their turn).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use braid_iscsi::negotiate::Params;
-use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
-use braid_iscsi::transfer::{self, Numbers, WriteTransfer, NO_TAG};
+use braid_iscsi::pdu::Pdu;
+use braid_iscsi::transfer::WriteTransfer;
 use braid_scsi::dispatch::{self, Step};
 use braid_scsi::respond::Unit;
 use braid_scsi::sense::status;
 use braid_scsi::{Command, Key, Sense};
 use bytes::Bytes;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::warn;
 
+use super::answer::{check, conflict, outcome_batch, response, ZERO};
+use super::budget::{ConnBudget, Held};
 use super::lu::Nexus;
 use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
 use super::task::{abort_all, Task};
@@ -41,10 +45,6 @@ use crate::hold::Hold;
 /// the initiator retries it later.
 pub(crate) const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
 
-/// Bytes of READ data one connection may hold between the backend and
-/// the socket.
-pub(crate) const MAX_READ_BYTES: usize = 64 << 20;
-
 /// The logical unit as one session reaches it.
 #[derive(Debug)]
 pub(crate) struct Lun {
@@ -56,6 +56,9 @@ pub(crate) struct Lun {
     pub tag: u16,
     /// Test hook: commands of this session wait here before the backend.
     pub hold: Arc<Hold>,
+    /// Told when a command found the storage lost to this server: the
+    /// connection then closes (see [`Outcome::Lost`]).
+    pub lost: Arc<Notify>,
 }
 
 /// A place in the command window, given back when the task ends.
@@ -94,6 +97,8 @@ struct PendingWrite {
     expected: u32,
     transfer: WriteTransfer,
     buf: Vec<u8>,
+    /// Its room in the server's budget, until it is written.
+    room: Held,
     /// The LUN field as the command carried it, for R2Ts.
     lun_field: u64,
 }
@@ -109,7 +114,7 @@ pub(crate) struct Commands {
     pub params: Params,
     /// Woken when a task of this connection is aborted from anywhere.
     pub owner: Arc<Notify>,
-    reads: Arc<Semaphore>,
+    reads: ConnBudget,
     pending: HashMap<u32, PendingWrite>,
     pending_bytes: usize,
     running: JoinSet<()>,
@@ -117,12 +122,13 @@ pub(crate) struct Commands {
 
 impl Commands {
     pub fn new(lun: Arc<Lun>, outbox: Outbox, params: Params) -> Self {
+        let reads = lun.shared.budget.connection(lun.shared.limits.max_bytes);
         Self {
             lun,
             outbox,
             params,
             owner: Arc::new(Notify::new()),
-            reads: Arc::new(Semaphore::new(MAX_READ_BYTES)),
+            reads,
             pending: HashMap::new(),
             pending_bytes: 0,
             running: JoinSet::new(),
@@ -227,7 +233,7 @@ impl Commands {
         self.run_command(want, async move {
             let _slot = slot;
             let permit = tokio::select! {
-                p = reads.acquire_many_owned(want) => p.ok(),
+                p = reads.hold(want as usize) => p,
                 () = task.ctl.until_aborted() => return,
             };
             let Some(outcome) = run(&lun, &task, cmd, None).await else {
@@ -253,13 +259,16 @@ impl Commands {
             Ok(m) => m,
             Err(sense) => return self.check(itt, sense),
         };
-        if self.pending_bytes + total as usize > MAX_PENDING_WRITE_BYTES {
+        let room = (self.pending_bytes + total as usize <= MAX_PENDING_WRITE_BYTES)
+            .then(|| self.reads.try_hold_write(total as usize))
+            .flatten();
+        let Some(room) = room else {
             let r = response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
             return self.outbox.send(Batch {
                 pdus: vec![r],
                 permit: None,
             });
-        }
+        };
         // Immediate data past what moves is not used (the initiator sent
         // up to its expected length).
         let immediate = pdu.data.len().min(total as usize);
@@ -288,6 +297,7 @@ impl Commands {
             expected,
             transfer,
             buf,
+            room,
             lun_field: b.lun(),
         };
         if w.transfer.complete() {
@@ -382,6 +392,7 @@ impl Commands {
                 cdb_bytes,
                 expected,
                 mut buf,
+                room: _room,
                 ..
             } = w;
             if let Command::Write { blocks, .. } | Command::WriteAndVerify { blocks, .. } = cmd {
@@ -400,9 +411,18 @@ impl Commands {
                 )],
                 Outcome::Check(sense) => vec![check(itt, sense)],
                 Outcome::Conflict => vec![conflict(itt)],
+                // Never sent: `run` closes the connection instead.
+                Outcome::Lost => Vec::new(),
             };
             outbox.send(Batch { pdus, permit: None });
         });
+    }
+
+    /// Whether nothing is in flight: no command running, none waiting
+    /// for its data.
+    pub fn idle(&mut self) -> bool {
+        while self.running.try_join_next().is_some() {}
+        self.running.is_empty() && self.pending.is_empty()
     }
 
     /// Ends every task of this connection: those waiting never run, those
@@ -423,13 +443,6 @@ impl Commands {
         while self.running.join_next().await.is_some() {}
     }
 }
-
-/// Placeholder numbers: the writer fills them in.
-const ZERO: Numbers = Numbers {
-    stat_sn: 0,
-    exp_cmd_sn: 0,
-    max_cmd_sn: 0,
-};
 
 /// Runs `cmd` as `task`: waits while the session is held (a test hook),
 /// then carries it out unless aborted first. `None` when aborted: nothing
@@ -460,93 +473,14 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
         }
         Step::Medium(cmd) => media::execute(export, &lun.unit, wce, cmd, data).await,
     };
+    if let Outcome::Lost = outcome {
+        warn!(
+            "{} lost its storage (ESHUTDOWN): closing the connection unanswered \
+             so that the initiator fails over",
+            lun.served.export.name
+        );
+        lun.lost.notify_one();
+        return None;
+    }
     ctl.answer().then_some(outcome)
-}
-
-/// RESERVATION CONFLICT: a status with no sense data.
-fn conflict(itt: u32) -> Out {
-    response(itt, status::RESERVATION_CONFLICT, Bytes::new(), 0, 0)
-}
-
-/// A SCSI Response; `have` and `expected` bytes give the residual
-/// (overflow when the command had more data than the initiator expected,
-/// underflow when less).
-pub(crate) fn response(itt: u32, st: u8, sense: Bytes, have: u32, expected: u32) -> Out {
-    let mut b = Bhs::new(Opcode::ScsiResponse);
-    b.set_final(true);
-    b.set_itt(itt);
-    b.0[3] = st;
-    if have > expected {
-        b.0[1] |= 0x04;
-        b.set_u32(44, have - expected);
-    } else if have < expected {
-        b.0[1] |= 0x02;
-        b.set_u32(44, expected - have);
-    }
-    Out::new(b, sense, Sn::Takes)
-}
-
-/// CHECK CONDITION with `sense`.
-pub(crate) fn check(itt: u32, sense: Sense) -> Out {
-    let segment = Bytes::from(sense.iscsi_segment());
-    response(itt, status::CHECK_CONDITION, segment, 0, 0)
-}
-
-/// The answer to a command that sends data (or none): GOOD with the data
-/// in Data-In PDUs, the last carrying the status, or a SCSI Response
-/// when nothing is sent; or CHECK CONDITION.
-fn outcome_batch(
-    itt: u32,
-    outcome: Outcome,
-    expected: u32,
-    params: &Params,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-) -> Batch {
-    let data = match outcome {
-        Outcome::Check(sense) => {
-            return Batch {
-                pdus: vec![check(itt, sense)],
-                permit: None,
-            }
-        }
-        Outcome::Conflict => {
-            return Batch {
-                pdus: vec![conflict(itt)],
-                permit: None,
-            }
-        }
-        Outcome::Good(data) => data,
-    };
-    let have = data.len() as u32;
-    if data.is_empty() || expected == 0 {
-        return Batch {
-            pdus: vec![response(itt, status::GOOD, Bytes::new(), have, expected)],
-            permit: None,
-        };
-    }
-    let data = Bytes::from(data);
-    let (peer_max, burst) = (params.peer_max_recv_data, params.max_burst);
-    let pdus = transfer::data_in(itt, have, expected, peer_max, burst, ZERO)
-        .into_iter()
-        .map(|d| {
-            let slice = data.slice(d.offset as usize..(d.offset + d.len) as usize);
-            let sn = if d.bhs.0[1] & 0x01 != 0 {
-                Sn::Takes
-            } else {
-                Sn::Reserved
-            };
-            Out::new(d.bhs, slice, sn)
-        })
-        .collect();
-    Batch { pdus, permit }
-}
-
-/// A Reject carrying the offending header (reason 0x04: protocol error,
-/// 0x09: invalid PDU field).
-pub(crate) fn reject(pdu: &Pdu, reason: u8) -> Out {
-    let mut r = Bhs::new(Opcode::Reject);
-    r.set_final(true);
-    r.set_itt(NO_TAG);
-    r.0[2] = reason;
-    Out::new(r, Bytes::copy_from_slice(&pdu.bhs.0), Sn::Takes)
 }

@@ -20,12 +20,14 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::command::{self, Commands, Lun, Slot};
+use super::answer;
+use super::command::{Commands, Lun, Slot};
 use super::out::{self, lock, Outbox, Sn};
 use super::sessions::{Key, Registration};
 use super::{textreq, tmf, unit, Served, Shared};
 
-/// Commands the target lets an initiator have running at once.
+/// Commands the target lets an initiator have running at once, unless
+/// the limits' `max_requests` is lower.
 const QUEUE_DEPTH: u32 = 64;
 
 /// How long a session has to log out once the server stops (the Async
@@ -183,7 +185,10 @@ async fn full_feature(
     visible: Vec<Arc<Served>>,
     mut ctx: Ctx,
 ) -> Result<(), String> {
-    let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, QUEUE_DEPTH)));
+    let limits = &ctx.shared.limits;
+    let depth = QUEUE_DEPTH.min(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
+    let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, depth.max(1))));
+    let idle_timeout = limits.idle_timeout;
     let (mut rd, wr) = stream.into_split();
     let (outbox, writer) = out::start(wr, digests(&s.params), s.stat_sn, window.clone());
     // A normal session is an I_T nexus of its target's unit.
@@ -196,6 +201,7 @@ async fn full_feature(
                 ctx.tag,
             )),
             hold: ctx.shared.hold_for(&s.initiator),
+            lost: Arc::new(tokio::sync::Notify::new()),
             shared: ctx.shared.clone(),
             tag: ctx.tag,
             served: t,
@@ -203,22 +209,40 @@ async fn full_feature(
         Commands::new(Arc::new(lun), outbox.clone(), s.params)
     });
     let owner = cmds.as_ref().map(|c| c.owner.clone());
+    let lost = cmds.as_ref().map(|c| c.lun.lost.clone());
     let mut replaced = registration.as_ref().map(|r| r.stop.clone());
     // Once the server stops, the initiator is asked to log out (so it
     // moves its I/O elsewhere at once) and given a moment to.
     let mut leaving: Option<tokio::time::Instant> = None;
     let mut texts = TextExchange::new(s.params.peer_max_recv_data as usize);
+    // When the last PDU came: a session with nothing in flight that sends
+    // none for the idle timeout is closed, as an idle NBD connection is
+    // (initiators' NOP-Out pings keep a live one open).
+    let mut last = tokio::time::Instant::now();
     let result = loop {
         let pdu = match framer.next(&mut buf) {
             Ok(Some(p)) => p,
             Err(e) => break Err(e.to_string()),
             Ok(None) => {
+                // While commands run, look again a timeout later.
+                let idle = idle_timeout.map(|t| {
+                    let quiet = cmds.as_mut().is_none_or(|c| c.idle());
+                    let at = if quiet {
+                        last + t
+                    } else {
+                        tokio::time::Instant::now() + t
+                    };
+                    (at, quiet, t)
+                });
                 tokio::select! {
                     r = rd.read_buf(&mut buf) => match r {
                         Ok(0) => break Ok(()),
                         Ok(_) => continue,
                         Err(e) => break Err(e.to_string()),
                     },
+                    () = notified(lost.as_deref()) => {
+                        break Err("the storage is lost to this server: closing".into());
+                    }
                     () = notified(owner.as_deref()) => {
                         if let Some(c) = cmds.as_mut() {
                             c.sweep();
@@ -234,6 +258,13 @@ async fn full_feature(
                         leaving = Some(tokio::time::Instant::now() + grace);
                         continue;
                     }
+                    () = until(idle.map(|i| i.0)) => {
+                        if let Some((_, true, t)) = idle {
+                            info!("idle for {t:?} (--idle-timeout): closing");
+                            break Ok(());
+                        }
+                        continue;
+                    }
                     () = until(leaving) => {
                         info!("no logout after the server stopped: closing");
                         break Ok(());
@@ -245,6 +276,7 @@ async fn full_feature(
                 }
             }
         };
+        last = tokio::time::Instant::now();
         match handle(
             &pdu,
             &s,
@@ -324,7 +356,7 @@ async fn handle(
         match cmds {
             Some(c) if c.awaits_data(b.itt()) => c.data_out(pdu),
             _ => outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x09)],
+                pdus: vec![answer::reject(pdu, 0x09)],
                 permit: None,
             }),
         }
@@ -379,7 +411,7 @@ async fn handle(
         Opcode::TaskMgmtRequest => {
             let Some(c) = cmds else {
                 outbox.send(out::Batch {
-                    pdus: vec![command::reject(pdu, 0x04)],
+                    pdus: vec![answer::reject(pdu, 0x04)],
                     permit: None,
                 });
                 return Ok(true);
@@ -395,14 +427,14 @@ async fn handle(
         Opcode::ScsiCommand => match cmds {
             Some(c) => c.command(pdu, slot),
             None => outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x04)],
+                pdus: vec![answer::reject(pdu, 0x04)],
                 permit: None,
             }),
         },
         other => {
             warn!(?other, "unexpected PDU in the full feature phase");
             outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x04)],
+                pdus: vec![answer::reject(pdu, 0x04)],
                 permit: None,
             });
         }

@@ -1,12 +1,14 @@
 //! `braid serve --iscsi`: the same exports as iSCSI targets, one LUN each,
-//! on every portal address. Both protocols share each export's backend, so
+//! on every portal address. Both protocols share each export's storage, so
 //! a SYNCHRONIZE CACHE covers writes made over NBD and a FLUSH covers
 //! writes made over iSCSI.
 //!
-//! The protocol itself is `braid-iscsi`'s (sans-IO); this module only
-//! moves bytes and calls the backend. Exports forwarded to another server
-//! (braid attach) are not offered over iSCSI.
+//! The protocol itself is `braid-iscsi`'s (sans-IO); this crate only
+//! moves bytes and runs commands through the store's executor, on any
+//! kind of storage (a multipath volume of `braid attach` too).
 
+mod answer;
+mod budget;
 mod cache;
 mod command;
 mod conn;
@@ -31,7 +33,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use braid_store::export::{Export, Exports, Storage};
+use braid_store::export::{Export, Exports};
 use braid_store::hold::Hold;
 use braid_store::portal::Portal;
 use braid_store::{access, backend, export, hold};
@@ -43,7 +45,7 @@ pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
     protocol: "iSCSI",
     tls: false,
     fenced_across_gateways: false,
-    forwarded: false,
+    forwarded: true,
 };
 
 pub use ports::AluaError;
@@ -68,9 +70,10 @@ pub struct IscsiConfig {
     /// initiators that send SYNCHRONIZE CACHE; every other unit is
     /// write-through.
     pub write_cache: std::collections::HashSet<String>,
-    /// The server's limits: connections in total and per client address
-    /// (NBD's and iSCSI's are counted apart), and the time a login has
-    /// (the handshake timeout).
+    /// The server's limits: connections in total and per client address,
+    /// READ data held per connection and across the server (NBD's and
+    /// iSCSI's are counted apart), and the time a login has (the
+    /// handshake timeout).
     pub limits: braid_store::Limits,
     /// The process's instance, as NBD reports it (`x-braid:instance`),
     /// answered in VPD page 0xC0.
@@ -106,6 +109,8 @@ pub(crate) struct Shared {
     pub chap: Option<braid_iscsi::chap::Credentials>,
     pub sessions: Arc<sessions::Sessions>,
     pub limits: braid_store::Limits,
+    /// READ data held between storage and sockets, bounded by `limits`.
+    pub budget: budget::Budget,
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
     /// Connections open, by client address.
@@ -187,6 +192,12 @@ pub struct IscsiHandle {
 }
 
 impl IscsiHandle {
+    /// Bytes of READ data held between storage and the sockets, across
+    /// every connection (at most the limits' `max_total_bytes`).
+    pub fn payload_in_flight(&self) -> usize {
+        self.shared.budget.in_flight()
+    }
+
     /// Target names, in export order.
     pub fn target_names(&self) -> Vec<String> {
         self.shared.targets.iter().map(|t| t.name.clone()).collect()
@@ -267,7 +278,6 @@ impl IscsiServer {
             .collect();
         let targets = exports
             .iter()
-            .filter(|e| CAPABILITIES.forwarded || matches!(e.storage, Storage::Local(_)))
             .map(|e| {
                 let kept = |what: &str| {
                     cfg.state_dir
@@ -293,6 +303,7 @@ impl IscsiServer {
                 chap: cfg.chap.clone(),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),
+                budget: budget::Budget::new(cfg.limits.max_total_bytes),
                 instance: cfg.instance,
                 clients: Mutex::default(),
                 holds: Mutex::default(),

@@ -1,11 +1,13 @@
-//! The SCSI commands that touch the medium, carried out on the export's
-//! backend: READ, WRITE, SYNCHRONIZE CACHE, WRITE SAME, UNMAP, GET LBA
-//! STATUS, COMPARE AND WRITE, VERIFY and WRITE AND VERIFY. With the write
-//! cache off (the default, see `cache.rs`) everything that changes the
-//! medium (writes, WRITE SAME, UNMAP) is on stable storage before GOOD.
-//! Every write holds its range in the export's range lock beside NBD's
-//! writers; COMPARE AND WRITE holds it alone, so nothing lands between its
-//! compare and its write.
+//! The SCSI commands that touch the medium, carried out through the
+//! store's executor on whatever storage the export has: READ, WRITE,
+//! SYNCHRONIZE CACHE, WRITE SAME, UNMAP, GET LBA STATUS, COMPARE AND
+//! WRITE, ORWRITE, VERIFY and WRITE AND VERIFY. With the write cache off
+//! (the default, see `cache.rs`) everything that changes the medium
+//! (writes, WRITE SAME, UNMAP) is on stable storage before GOOD. Every
+//! write holds its range in the export's range lock beside NBD's writers;
+//! COMPARE AND WRITE and ORWRITE hold it alone (the executor's
+//! read-modify-write), so nothing lands between their read and their
+//! write.
 
 use std::sync::Arc;
 
@@ -13,28 +15,13 @@ use braid_block::{Error, Flags, Op};
 use braid_iscsi::scsi::cdb::unmap_ranges;
 use braid_iscsi::scsi::respond::{self, Unit};
 use braid_iscsi::scsi::{check_range, Command, Sense};
-use braid_store::exec::{self, run_on_its_thread as call, Data, Job};
+use braid_store::compound::{self, Change};
+use braid_store::exec::{self, Job};
+use bytes::Bytes;
 
-use super::unit::{backend, transfer_len, Outcome, BLOCK};
-use crate::backend::{Backend, Extent};
+use super::unit::{failed, transfer_len, Outcome, BLOCK};
+use crate::backend::Extent;
 use crate::export::Export;
-
-/// The one place a block error becomes SCSI sense: whatever its kind, a
-/// medium error in the direction the command moved data (what initiators
-/// have always been told here); the words go to the log.
-fn sense(e: &Error, write: bool) -> Sense {
-    tracing::debug!(kind = %e.kind, "iSCSI command failed: {}", e.message);
-    if write {
-        Sense::WRITE_ERROR
-    } else {
-        Sense::READ_ERROR
-    }
-}
-
-/// A compound command's storage error (`what` at `offset`) as its sense.
-fn failed(what: &'static str, offset: u64, write: bool) -> impl Fn(std::io::Error) -> Sense {
-    move |e| sense(&exec::error(what, offset, &e), write)
-}
 
 /// A job whose writes are on stable storage before it ends when `durable`.
 fn job(op: Op, offset: u64, len: u64, durable: bool) -> Job {
@@ -50,6 +37,33 @@ fn bytes(blocks: impl Into<u64>) -> u64 {
     blocks.into() * u64::from(BLOCK)
 }
 
+/// Runs `job` through the executor; GOOD with no data, or the answer to
+/// its error (`write`: the command changes the medium).
+async fn submit(e: &Arc<Export>, job: Job, payload: Option<Bytes>, write: bool) -> Outcome {
+    match exec::submit(e, job, payload).await {
+        Ok(_) => Outcome::Good(Vec::new()),
+        Err(err) => failed(&err, write),
+    }
+}
+
+/// A READ's data, in one buffer (a backend of this host's already is).
+async fn read(e: &Arc<Export>, offset: u64, len: u64) -> Result<Vec<u8>, Error> {
+    let done = exec::submit(e, Job::new(Op::Read, offset, len), None).await?;
+    let mut pieces = done.data.into_iter();
+    match (pieces.next(), pieces.len()) {
+        (None, _) => Ok(Vec::new()),
+        (Some((_, one)), 0) => Ok(Vec::from(one)),
+        (Some((_, first)), _) => {
+            let mut all = Vec::with_capacity(len as usize);
+            all.extend_from_slice(&first);
+            for (_, piece) in pieces {
+                all.extend_from_slice(&piece);
+            }
+            Ok(all)
+        }
+    }
+}
+
 /// Carries out a command on the medium (`super::unit::execute` checked
 /// the unit has one, and that writes are allowed).
 pub async fn execute(
@@ -59,26 +73,14 @@ pub async fn execute(
     cmd: Command,
     data: Option<Vec<u8>>,
 ) -> Outcome {
-    let Some(b) = backend(export) else {
-        return Outcome::Check(Sense::INVALID_OPCODE);
-    };
     let e = export.clone();
     match cmd {
         Command::Read { lba, blocks, .. } => match transfer_len(unit, lba, blocks) {
             Err(s) => Outcome::Check(s),
-            Ok(len) => {
-                let offset = bytes(lba);
-                let r = call(b, move |b| {
-                    let mut buf = vec![0u8; len as usize];
-                    let read = Job::new(Op::Read, offset, u64::from(len));
-                    exec::run(&e, b, read, Data::Read(&mut buf)).map(|_| buf)
-                })
-                .await;
-                match r {
-                    Ok(buf) => Outcome::Good(buf),
-                    Err(e) => Outcome::Check(sense(&e, false)),
-                }
-            }
+            Ok(len) => match read(&e, bytes(lba), u64::from(len)).await {
+                Ok(buf) => Outcome::Good(buf),
+                Err(e) => failed(&e, false),
+            },
         },
         Command::Write { lba, blocks, fua } => {
             let fua = fua || !write_cache;
@@ -89,26 +91,12 @@ pub async fn execute(
                     Outcome::Check(Sense::INVALID_FIELD_IN_CDB)
                 }
                 Ok(_) => {
-                    let offset = bytes(lba);
-                    let r = call(b, move |b| {
-                        let write = job(Op::Write, offset, data.len() as u64, fua);
-                        exec::run(&e, b, write, Data::Write(&data))
-                    })
-                    .await;
-                    match r {
-                        Ok(_) => Outcome::Good(Vec::new()),
-                        Err(e) => Outcome::Check(sense(&e, true)),
-                    }
+                    let write = job(Op::Write, bytes(lba), data.len() as u64, fua);
+                    submit(&e, write, Some(Bytes::from(data)), true).await
                 }
             }
         }
-        Command::SynchronizeCache { .. } => {
-            let flush = Job::new(Op::Flush, 0, 0);
-            match call(b, move |b| exec::run(&e, b, flush, Data::None)).await {
-                Ok(_) => Outcome::Good(Vec::new()),
-                Err(e) => Outcome::Check(sense(&e, true)),
-            }
-        }
+        Command::SynchronizeCache { .. } => submit(&e, Job::new(Op::Flush, 0, 0), None, true).await,
         Command::WriteSame {
             lba,
             blocks,
@@ -120,7 +108,7 @@ pub async fn execute(
                 no_data,
                 durable: !write_cache,
             };
-            write_same(b, e, unit, lba, blocks, same, data).await
+            write_same(e, unit, lba, blocks, same, data).await
         }
         Command::Unmap { .. } => {
             let ranges = match unmap_ranges(&data.unwrap_or_default(), 256) {
@@ -136,24 +124,19 @@ pub async fn execute(
                 }
             }
             // Write-through: the holes are made stable once, after all.
-            let durable = !write_cache;
-            let done = call(b, move |b| {
-                for r in &ranges {
-                    let trim = Job::new(Op::Trim, bytes(r.lba), bytes(r.blocks));
-                    exec::run(&e, b, trim, Data::None)?;
+            for r in &ranges {
+                let trim = Job::new(Op::Trim, bytes(r.lba), bytes(r.blocks));
+                match submit(&e, trim, None, true).await {
+                    Outcome::Good(_) => {}
+                    failed => return failed,
                 }
-                if durable {
-                    exec::run(&e, b, Job::new(Op::Flush, 0, 0), Data::None)?;
-                }
-                Ok::<_, Error>(())
-            })
-            .await;
-            match done {
-                Ok(()) => Outcome::Good(Vec::new()),
-                Err(e) => Outcome::Check(sense(&e, true)),
             }
+            if write_cache {
+                return Outcome::Good(Vec::new());
+            }
+            submit(&e, Job::new(Op::Flush, 0, 0), None, true).await
         }
-        Command::GetLbaStatus { lba, alloc } => lba_status(b, e, unit, lba, alloc).await,
+        Command::GetLbaStatus { lba, alloc } => lba_status(e, unit, lba, alloc).await,
         Command::CompareAndWrite { lba, blocks, fua } => {
             let fua = fua || !write_cache;
             compare_and_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
@@ -162,7 +145,7 @@ pub async fn execute(
             lba,
             blocks,
             bytchk,
-        } => verify(b, e, unit, lba, blocks, bytchk, data).await,
+        } => verify(e, unit, lba, blocks, bytchk, data).await,
         Command::OrWrite { lba, blocks, fua } => {
             let fua = fua || !write_cache;
             or_write(e, unit, lba, blocks, fua, data.unwrap_or_default()).await
@@ -174,7 +157,7 @@ pub async fn execute(
             Err(s) => Outcome::Check(s),
         },
         Command::WriteAndVerify { lba, blocks } => {
-            write_and_verify(b, e, unit, lba, blocks, data.unwrap_or_default()).await
+            write_and_verify(e, unit, lba, blocks, data.unwrap_or_default()).await
         }
         _ => Outcome::Check(Sense::INVALID_OPCODE),
     }
@@ -189,7 +172,6 @@ struct Same {
 }
 
 async fn write_same(
-    b: Arc<dyn Backend>,
     e: Arc<Export>,
     unit: &Unit,
     lba: u64,
@@ -229,40 +211,22 @@ async fn write_same(
     // what the initiator asked for; otherwise the data is written.
     let trim = unmap && unit.thin;
     let zero = trim || block.iter().all(|&b| b == 0);
-    let r = call(b, move |b| {
-        if zero {
-            let mut zeroes = job(Op::WriteZeroes, offset, len, durable);
-            if !trim {
-                zeroes = zeroes.with(Flags::NO_HOLE);
-            }
-            exec::run(&e, b, zeroes, Data::None)
-        } else {
-            let mut buf = Vec::with_capacity(len as usize);
-            for _ in 0..blocks {
-                buf.extend_from_slice(&block);
-            }
-            exec::run(
-                &e,
-                b,
-                job(Op::Write, offset, len, durable),
-                Data::Write(&buf),
-            )
+    if zero {
+        let mut zeroes = job(Op::WriteZeroes, offset, len, durable);
+        if !trim {
+            zeroes = zeroes.with(Flags::NO_HOLE);
         }
-    })
-    .await;
-    match r {
-        Ok(_) => Outcome::Good(Vec::new()),
-        Err(e) => Outcome::Check(sense(&e, true)),
+        return submit(&e, zeroes, None, true).await;
     }
+    let mut buf = Vec::with_capacity(len as usize);
+    for _ in 0..blocks {
+        buf.extend_from_slice(&block);
+    }
+    let write = job(Op::Write, offset, len, durable);
+    submit(&e, write, Some(Bytes::from(buf)), true).await
 }
 
-async fn lba_status(
-    b: Arc<dyn Backend>,
-    e: Arc<Export>,
-    unit: &Unit,
-    lba: u64,
-    alloc: u32,
-) -> Outcome {
+async fn lba_status(e: Arc<Export>, unit: &Unit, lba: u64, alloc: u32) -> Outcome {
     if lba >= unit.blocks {
         return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
     }
@@ -271,8 +235,9 @@ async fn lba_status(
     // ends.
     let span = bytes((unit.blocks - lba).min(1 << 21));
     let status = Job::new(Op::BlockStatus, offset, span);
-    match call(b, move |b| exec::run(&e, b, status, Data::None)).await {
-        Ok(mut extents) => {
+    match exec::submit(&e, status, None).await {
+        Ok(done) => {
+            let mut extents = done.extents;
             if extents.is_empty() {
                 // Storage that cannot tell holes from data: all mapped.
                 extents.push(Extent {
@@ -292,19 +257,19 @@ async fn lba_status(
                 if blocks == 0 {
                     break;
                 }
-                let hole = e.flags & braid_proto::wire::state::HOLE != 0;
+                let hole = e.hole();
                 runs.push((at / u64::from(BLOCK), blocks, hole));
                 at += bytes(blocks);
             }
             Outcome::Good(respond::lba_status(&runs, alloc))
         }
-        Err(e) => Outcome::Check(sense(&e, false)),
+        Err(e) => failed(&e, false),
     }
 }
 
-/// ORWRITE (SBC-4 5.12): with the range held alone, the blocks are read,
-/// ORed with the data sent and written back, so no other write lands in
-/// between.
+/// ORWRITE (SBC-4 5.12): the executor reads the blocks with the range
+/// held alone, ORs the data sent into them and writes them back, so no
+/// other write lands in between.
 async fn or_write(
     e: Arc<Export>,
     unit: &Unit,
@@ -313,9 +278,9 @@ async fn or_write(
     fua: bool,
     data: Vec<u8>,
 ) -> Outcome {
-    if e.peers.is_some() {
-        // As for COMPARE AND WRITE: other gateways' writes are not held
-        // off by this lock.
+    if !compound::atomic(&e) {
+        // As for COMPARE AND WRITE: other writers are not held off by
+        // this lock.
         return Outcome::Check(Sense::INVALID_OPCODE);
     }
     match transfer_len(unit, lba, blocks) {
@@ -326,39 +291,22 @@ async fn or_write(
         Ok(0) => return Outcome::Good(Vec::new()),
         Ok(_) => {}
     }
-    let offset = bytes(lba);
-    let r = tokio::task::spawn_blocking(move || {
-        let Some(b) = backend(&e) else {
-            return Err(Sense::WRITE_ERROR);
-        };
-        let _range = e.writes.exclusive(offset, data.len() as u64);
-        let mut now = vec![0u8; data.len()];
-        b.read_at(&mut now, offset)
-            .map_err(failed("read", offset, false))?;
+    let len = data.len();
+    let or = move |now: &mut [u8]| {
         for (n, d) in now.iter_mut().zip(&data) {
             *n |= d;
         }
-        b.write_at(&now, offset, fua)
-            .map_err(failed("write", offset, true))
-    })
-    .await
-    .expect("ORWRITE panicked");
-    match r {
+        Change::Write(())
+    };
+    match compound::read_modify_write(&e, bytes(lba), len, fua, or).await {
         Ok(()) => Outcome::Good(Vec::new()),
-        Err(s) => Outcome::Check(s),
+        Err(err) => failed(&err, true),
     }
 }
 
-/// What a compare found.
-enum Compared {
-    Written,
-    /// The first byte of the compare data that differed.
-    Differs(u32),
-}
-
 /// COMPARE AND WRITE (SBC-4 5.3): `data` holds the blocks to compare,
-/// then the blocks to write. With the range held alone, the medium is
-/// read and compared, and written only if every byte matched; otherwise
+/// then the blocks to write. The executor reads the medium with the range
+/// held alone; it is written only if every byte matched, otherwise
 /// MISCOMPARE, with the offset of the first byte that differed.
 async fn compare_and_write(
     e: Arc<Export>,
@@ -368,9 +316,10 @@ async fn compare_and_write(
     fua: bool,
     data: Vec<u8>,
 ) -> Outcome {
-    if e.peers.is_some() {
-        // Other gateways write the same image, and this lock does not
-        // reach them: a COMPARE AND WRITE here could not be atomic.
+    if !compound::atomic(&e) {
+        // Other gateways write the same image (or other clients the
+        // storage behind), and this lock does not reach them: a COMPARE
+        // AND WRITE here could not be atomic.
         return Outcome::Check(Sense::INVALID_OPCODE);
     }
     if let Err(s) = check_range(lba, blocks, unit.blocks) {
@@ -383,29 +332,17 @@ async fn compare_and_write(
     if blocks == 0 {
         return Outcome::Good(Vec::new());
     }
-    let offset = bytes(lba);
-    // Always on a blocking thread: the section waits for writers of the
-    // range to finish, and nothing async may wait on it meanwhile.
-    let r = tokio::task::spawn_blocking(move || {
-        let Some(b) = backend(&e) else {
-            return Err(std::io::ErrorKind::NotFound.into());
-        };
-        let range = e.writes.exclusive(offset, n as u64);
-        let mut now = vec![0u8; n];
-        b.read_at(&mut now, offset)?;
+    let compare = move |now: &mut [u8]| {
         if let Some(at) = now.iter().zip(&data[..n]).position(|(a, b)| a != b) {
-            return Ok(Compared::Differs(at as u32));
+            return Change::Keep(Some(at as u32));
         }
-        range.checkpoint();
-        b.write_at(&data[n..], offset, fua)?;
-        Ok::<_, std::io::Error>(Compared::Written)
-    })
-    .await
-    .expect("COMPARE AND WRITE panicked");
-    match r {
-        Ok(Compared::Written) => Outcome::Good(Vec::new()),
-        Ok(Compared::Differs(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
-        Err(e) => Outcome::Check(failed("compare and write", offset, true)(e)),
+        now.copy_from_slice(&data[n..]);
+        Change::Write(None)
+    };
+    match compound::read_modify_write(&e, bytes(lba), n, fua, compare).await {
+        Ok(None) => Outcome::Good(Vec::new()),
+        Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
+        Err(err) => failed(&err, true),
     }
 }
 
@@ -426,7 +363,6 @@ fn first_difference(medium: &[u8], sent: &[u8]) -> Option<usize> {
 /// with BYTCHK compared with the data sent; MISCOMPARE names the first
 /// byte that differed.
 async fn verify(
-    b: Arc<dyn Backend>,
     e: Arc<Export>,
     unit: &Unit,
     lba: u64,
@@ -450,24 +386,17 @@ async fn verify(
     if len == 0 {
         return Outcome::Good(Vec::new());
     }
-    let offset = bytes(lba);
-    let r = call(b, move |b| {
-        let mut now = vec![0u8; len];
-        let read = Job::new(Op::Read, offset, len as u64);
-        exec::run(&e, b, read, Data::Read(&mut now)).map(|_| first_difference(&now, &sent))
-    })
-    .await;
-    match r {
+    let r = read(&e, bytes(lba), len as u64).await;
+    match r.map(|now| first_difference(&now, &sent)) {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
-        Err(e) => Outcome::Check(sense(&e, false)),
+        Err(e) => failed(&e, false),
     }
 }
 
 /// WRITE AND VERIFY (SBC-4 5.44): written through to the medium, read back
-/// and compared.
+/// and compared, by the executor.
 async fn write_and_verify(
-    b: Arc<dyn Backend>,
     e: Arc<Export>,
     unit: &Unit,
     lba: u64,
@@ -481,20 +410,9 @@ async fn write_and_verify(
         }
         Ok(_) => {}
     }
-    let offset = bytes(lba);
-    let r = call(b, move |b| {
-        let _range = e.writes.shared(offset, data.len() as u64);
-        b.write_at(&data, offset, true)
-            .map_err(failed("write", offset, true))?;
-        let mut back = vec![0u8; data.len()];
-        b.read_at(&mut back, offset)
-            .map_err(failed("read", offset, false))?;
-        Ok::<_, Sense>(first_difference(&back, &data))
-    })
-    .await;
-    match r {
+    match compound::write_and_verify(&e, bytes(lba), Bytes::from(data)).await {
         Ok(None) => Outcome::Good(Vec::new()),
         Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at as u32)),
-        Err(s) => Outcome::Check(s),
+        Err(err) => failed(&err, true),
     }
 }

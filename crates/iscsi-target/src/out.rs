@@ -19,7 +19,7 @@ use braid_pool::{Pace, Progress};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::mpsc;
 
 /// What a PDU's StatSN field carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +51,7 @@ impl Out {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     pub pdus: Vec<Out>,
-    pub permit: Option<OwnedSemaphorePermit>,
+    pub permit: Option<crate::budget::Held>,
 }
 
 /// The command window, shared by the reader (which takes commands), the

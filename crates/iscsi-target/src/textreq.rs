@@ -13,7 +13,7 @@ use braid_iscsi::pdu::{Bhs, Opcode, Pdu};
 use braid_iscsi::text_exchange::{Incoming, TextExchange};
 use tracing::warn;
 
-use super::command;
+use super::answer;
 use super::out::{self, Outbox, Sn};
 use super::{Served, Shared};
 
@@ -37,7 +37,7 @@ pub(crate) fn respond(
         Err(e) => {
             warn!("{e}: rejected");
             outbox.send(out::Batch {
-                pdus: vec![command::reject(pdu, 0x09)],
+                pdus: vec![answer::reject(pdu, 0x09)],
                 permit: None,
             });
             return;

@@ -1,38 +1,33 @@
 //! The LUN behind an iSCSI target as the store's export makes it: how
-//! SCSI describes the export, and what [`braid_scsi::dispatch`] needs to
-//! know of its storage (the commands that touch the medium are in
-//! [`super::media`]).
+//! SCSI describes the export, what [`braid_scsi::dispatch`] needs to know
+//! of its storage, and the one place a block error becomes an answer (the
+//! commands that touch the medium are in [`super::media`]).
 
-use std::sync::Arc;
-
+use braid_block::Error;
 use braid_scsi::dispatch::Medium;
 use braid_scsi::respond::Unit;
+use braid_scsi::Sense;
 
 pub(crate) use braid_scsi::dispatch::{transfer_len, Outcome, BLOCK, MAX_TRANSFER};
 
-use crate::backend::Backend;
-use crate::export::{Export, Storage};
+use crate::export::Export;
 
 /// The unit as SCSI describes it through the portal with tag `tag`, of
 /// the target named `target`, served by the process `instance`.
 pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit {
-    let (thin, rotational) = match &export.storage {
-        Storage::Local(b) => {
-            let c = b.caps();
-            // UNMAP punches holes, which read back as zeroes; without
-            // allocation status GET LBA STATUS could not answer.
-            (c.trim && c.extents, c.rotational)
-        }
-        Storage::Forwarded(_) => (false, false),
-    };
+    let a = export.storage.abilities();
+    // UNMAP punches holes, which read back as zeroes; without allocation
+    // status GET LBA STATUS could not answer. Storage reached elsewhere
+    // makes no such promise of its holes.
+    let thin = a.trim && a.block_status && export.storage.backend().is_some();
     Unit {
         blocks: export.size() / u64::from(BLOCK),
         block_size: BLOCK,
         uuid: *export.volume.as_bytes(),
-        read_only: export.read_only,
+        read_only: export.read_only || a.read_only,
         thin,
         zeroes_after_unmap: thin,
-        rotational,
+        rotational: a.rotational,
         max_transfer_blocks: MAX_TRANSFER / BLOCK,
         relative_port: tag,
         port_group: tag,
@@ -41,21 +36,33 @@ pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit
     }
 }
 
-pub(crate) fn backend(export: &Export) -> Option<Arc<dyn Backend>> {
-    match &export.storage {
-        Storage::Local(b) => Some(b.clone()),
-        Storage::Forwarded(_) => None,
+/// What the dispatch needs to know of `export`'s storage, with the
+/// caching page's WCE `write_cache`: whether COMPARE AND WRITE and
+/// ORWRITE are offered (their read and write can be made atomic here).
+pub fn medium(export: &Export, write_cache: bool) -> Medium {
+    Medium {
+        write_cache,
+        atomic: braid_store::compound::atomic(export),
     }
 }
 
-/// What the dispatch needs to know of `export`'s storage, with the
-/// caching page's WCE `write_cache`: whether this process has it, and
-/// whether COMPARE AND WRITE is offered (no other gateway writes the
-/// image).
-pub fn medium(export: &Export, write_cache: bool) -> Medium {
-    Medium {
-        present: backend(export).is_some(),
-        write_cache,
-        atomic: export.peers.is_none(),
+/// The one place a block error becomes the answer to a SCSI command. Storage
+/// lost to this server is answered by closing the connection (the store's
+/// rule, as over NBD): the initiator takes it for a failed path, fences
+/// and sends the command elsewhere. A MEDIUM ERROR would tell it the data
+/// itself is bad, which no multipath layer retries on another path; an
+/// ALUA state or ABORTED COMMAND that the command never ran, so it would
+/// be sent elsewhere at once, unfenced, though part of a write may have
+/// landed. Anything else is a medium error in the direction the command
+/// moved data (`write`: it changes the medium); the words go to the log.
+pub(crate) fn failed(e: &Error, write: bool) -> Outcome {
+    tracing::debug!(kind = %e.kind, "iSCSI command failed: {}", e.message);
+    if braid_store::exec::lost(e) {
+        return Outcome::Lost;
     }
+    Outcome::Check(if write {
+        Sense::WRITE_ERROR
+    } else {
+        Sense::READ_ERROR
+    })
 }

@@ -254,7 +254,6 @@ pub fn unit(data: &[u8]) -> usize {
         )),
     );
     let medium = Medium {
-        present: true,
         write_cache: true,
         atomic: true,
     };

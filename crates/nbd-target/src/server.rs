@@ -184,27 +184,11 @@ impl Target {
         }
         let mut result = Ok(());
         for e in self.exports.iter() {
-            let flushed = match &e.storage {
-                crate::export::Storage::Local(backend) => {
-                    let backend = backend.clone();
-                    tokio::task::spawn_blocking(move || backend.flush())
-                        .await
-                        .unwrap_or_else(|j| Err(io::Error::other(j.to_string())))
-                }
-                crate::export::Storage::Forwarded(fwd) => {
-                    let flush = braid_proto::Request {
-                        flags: braid_proto::CmdFlags(0),
-                        command: braid_proto::Command::Flush,
-                        cookie: braid_proto::Cookie(0),
-                        offset: 0,
-                        length: 0,
-                    };
-                    fwd.forward(&flush, None)
-                        .await
-                        .map(drop)
-                        .map_err(|(errno, m)| io::Error::other(format!("{errno}: {m}")))
-                }
-            };
+            let flush = braid_store::exec::Job::new(braid_block::Op::Flush, 0, 0);
+            let flushed = braid_store::exec::submit(e, flush, None)
+                .await
+                .map(drop)
+                .map_err(|err| io::Error::other(err.to_string()));
             if let Err(err) = flushed {
                 warn!(export = %e.name, "flush at exit failed: {err}");
                 result = Err(err);

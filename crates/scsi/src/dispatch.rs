@@ -10,7 +10,7 @@
 use crate::lu::{LogicalUnit, Nexus};
 use crate::reserve::Effects;
 use crate::respond::{self, Unit};
-use crate::{alua, check_range, opcodes, AccessState, Command, Delivery, Key, NexusName};
+use crate::{alua, check_range, opcodes, AccessState, Command, Delivery, NexusName};
 use crate::{PortGroup, Refusal, Reservations, Sense};
 
 /// Logical block size every LUN is offered with.
@@ -33,6 +33,9 @@ pub enum Outcome {
     /// RESERVATION CONFLICT: another nexus holds a reservation this
     /// command may not pass.
     Conflict,
+    /// No answer: the storage is lost to this server, and the connection
+    /// closes instead (the target's rule; [`decide`] never gives it).
+    Lost,
 }
 
 impl From<Result<Vec<u8>, Sense>> for Outcome {
@@ -70,12 +73,11 @@ pub enum Step {
 /// What [`decide`] needs to know of the unit beyond its description.
 #[derive(Clone, Copy, Debug)]
 pub struct Medium {
-    /// The unit has storage behind it (a forwarded export has none here).
-    pub present: bool,
     /// The caching page's WCE.
     pub write_cache: bool,
-    /// COMPARE AND WRITE and ORWRITE are offered: no other gateway
-    /// writes the image.
+    /// COMPARE AND WRITE and ORWRITE are offered: their read and write
+    /// can be made atomic (no other gateway writes the image, and the
+    /// storage is on this host).
     pub atomic: bool,
 }
 
@@ -227,9 +229,6 @@ pub fn decide(
             return Step::UnitWide(cmd)
         }
         _ => {}
-    }
-    if !medium.present {
-        return Step::Answer(Outcome::Check(Sense::new(Key::NotReady, 0x04, 0x00)));
     }
     let writes = matches!(
         cmd,

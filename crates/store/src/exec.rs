@@ -1,5 +1,6 @@
-//! The executor: where a block operation meets a backend, for every front
-//! end. It chooses the thread (inline for memory, a blocking thread for
+//! The executor: where a block operation meets storage, for every front
+//! end. [`submit`] runs a job on any [`Storage`]; on a backend of this
+//! host ([`run`]) it chooses the thread (inline for memory, a blocking thread for
 //! files and devices), holds a write's range in the export's range lock
 //! beside every other writer, passes FUA through, and is the one place a
 //! storage error becomes a [`braid_block::ErrorKind`], the "storage lost"
@@ -11,39 +12,17 @@
 //! built (NBD's zero-copy replies, iSCSI's data-in PDUs).
 
 use std::io;
+use std::sync::Arc;
 
 use braid_block::{Error, ErrorKind, Flags, Op};
+use bytes::Bytes;
 
 use crate::backend::{Backend, Extent, ZeroError};
 use crate::export::Export;
+use crate::rangelock::RangeLock;
+use crate::storage::{Abilities, Done, OnHost, Storage, Submitted};
 
-/// One operation on a range of an export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Job {
-    pub op: Op,
-    pub offset: u64,
-    pub len: u64,
-    pub flags: Flags,
-}
-
-impl Job {
-    pub fn new(op: Op, offset: u64, len: u64) -> Self {
-        Self {
-            op,
-            offset,
-            len,
-            flags: Flags::empty(),
-        }
-    }
-
-    #[must_use]
-    pub fn with(self, flags: Flags) -> Self {
-        Self {
-            flags: self.flags.with(flags),
-            ..self
-        }
-    }
-}
+pub use crate::storage::Job;
 
 /// The bytes an operation moves: where a READ puts them, what a WRITE
 /// writes.
@@ -58,6 +37,26 @@ pub enum Data<'a> {
 /// (empty when the backend cannot tell, which means all data).
 pub type Found = Vec<Extent>;
 
+/// Runs `job` on the storage of `export`, whatever kind it is; WRITE data
+/// comes as `payload`. On a backend of this host it runs inline where
+/// calls cannot block (so a front end that polls it once finds it done),
+/// otherwise on a blocking thread.
+pub fn submit(export: &Arc<Export>, job: Job, payload: Option<Bytes>) -> Submitted {
+    if job.op == Op::BlockStatus {
+        if job.len == 0 {
+            return Box::pin(std::future::ready(Err(Error::new(
+                ErrorKind::Invalid,
+                "block status of length 0",
+            ))));
+        }
+        if !export.storage.abilities().block_status {
+            // Nothing known: all data, which is always a correct answer.
+            return Box::pin(std::future::ready(Ok(Done::default())));
+        }
+    }
+    export.storage.submit(&export.writes, job, payload)
+}
+
 /// Runs `job` on `backend`, the storage of `export`, on the calling
 /// thread ([`run_on_its_thread`] chooses the thread).
 ///
@@ -71,6 +70,16 @@ pub fn run(
     job: Job,
     data: Data<'_>,
 ) -> Result<Found, Error> {
+    run_locked(&export.writes, backend, job, data)
+}
+
+/// [`run`], with writes holding their range in `writes`.
+fn run_locked(
+    writes: &RangeLock,
+    backend: &dyn Backend,
+    job: Job,
+    data: Data<'_>,
+) -> Result<Found, Error> {
     let Job {
         op,
         offset,
@@ -80,7 +89,7 @@ pub fn run(
     let fua = flags.fua();
     // Writes hold their range beside each other, but never while an iSCSI
     // COMPARE AND WRITE holds it.
-    let _range = op.is_write().then(|| export.writes.shared(offset, len));
+    let _range = op.is_write().then(|| writes.shared(offset, len));
     let failed = |e: io::Error| error(op.name(), offset, &e);
     match (op, data) {
         (Op::Read, Data::Read(buf)) => backend.read_at(buf, offset).map_err(failed)?,
@@ -137,6 +146,69 @@ where
     } else {
         f(backend.as_ref())
     }
+}
+
+impl Storage for OnHost {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+
+    fn abilities(&self) -> Abilities {
+        let caps = self.0.caps();
+        Abilities {
+            read_only: false,
+            flush: true,
+            fua: true,
+            trim: caps.trim,
+            write_zeroes: true,
+            fast_zero: true,
+            cache: true,
+            block_status: caps.extents,
+            rotational: caps.rotational,
+            multi_conn: true,
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.0.failed()
+    }
+
+    fn backend(&self) -> Option<&Arc<dyn Backend>> {
+        Some(&self.0)
+    }
+
+    fn submit(&self, writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted {
+        let writes = writes.clone();
+        let backend = self.0.clone();
+        Box::pin(run_on_its_thread(backend, move |b| match job.op {
+            Op::Read => {
+                let mut buf = vec![0u8; job.len as usize];
+                run_locked(&writes, b, job, Data::Read(&mut buf))?;
+                Ok(Done {
+                    data: vec![(0, Bytes::from(buf))],
+                    extents: Vec::new(),
+                })
+            }
+            Op::Write => {
+                let data = payload.unwrap_or_default();
+                run_locked(&writes, b, job, Data::Write(&data))?;
+                Ok(Done::default())
+            }
+            _ => run_locked(&writes, b, job, Data::None).map(|extents| Done {
+                data: Vec::new(),
+                extents,
+            }),
+        }))
+    }
+}
+
+/// Whether `e` says the storage is lost to this server (see [`Backend`]):
+/// every front end then leaves the operation unanswered and closes its
+/// connection, so that the client takes it for a failed path, fences it
+/// and goes elsewhere, rather than for a bad medium or an operation that
+/// never ran.
+pub fn lost(e: &Error) -> bool {
+    e.kind == ErrorKind::ShuttingDown
 }
 
 /// The one place a storage error becomes a block error: `what` at

@@ -1,36 +1,24 @@
-//! Exports: a name, a backend, and what clients are told about them; and
-//! [`Exports`], the set a server offers, which the handshake consults.
+//! Exports: a name, the storage behind it, and who may use it; and
+//! [`Exports`], the set a server offers. Each front end says them in its
+//! own protocol's words (NBD's handshake in `braid-nbd-target`).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use tracing::warn;
-
-use braid_proto::option::ServerEntry;
-use braid_proto::wire::DEFAULT_MAX_PAYLOAD;
-use braid_proto::{Catalog, ExportInfo, Refusal, TransmissionFlags};
 use uuid::Uuid;
 
 use crate::access::{allowed, Network};
 use crate::backend::Backend;
-use crate::forward::Forward;
 use crate::rangelock::RangeLock;
-
-/// Where an export's requests are carried out.
-#[derive(Debug, Clone)]
-pub enum Storage {
-    /// A file, device or memory on this host.
-    Local(Arc<dyn Backend>),
-    /// Another NBD export (the multipath volume of `braid attach`).
-    Forwarded(Arc<dyn Forward>),
-}
+use crate::storage::{OnHost, Storage};
 
 /// One export as served.
 #[derive(Debug)]
 pub struct Export {
     pub name: String,
     pub description: String,
-    pub storage: Storage,
+    /// Where its operations are carried out (through [`crate::exec`]).
+    pub storage: Arc<dyn Storage>,
     pub read_only: bool,
     /// The `x-braid:volume` identity.
     pub volume: Uuid,
@@ -41,7 +29,7 @@ pub struct Export {
     pub peers: Option<Arc<dyn Peers>>,
     /// Writers in flight by range, whatever protocol they came by:
     /// COMPARE AND WRITE holds its range alone (see [`RangeLock`]).
-    pub writes: RangeLock,
+    pub writes: Arc<RangeLock>,
 }
 
 /// A fence of another server's connections, under way.
@@ -70,15 +58,7 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
 }
 
 impl Export {
-    /// Largest READ or WRITE payload accepted: the spec's interoperable
-    /// 32 MiB, which also bounds the memory one request can pin.
-    pub const MAX_PAYLOAD: u32 = DEFAULT_MAX_PAYLOAD;
-    /// Every byte is addressable: file and memory backends need no
-    /// read-modify-write.
-    pub const MIN_BLOCK: u32 = 1;
-    pub const PREFERRED_BLOCK: u32 = 4096;
-
-    /// A local export.
+    /// An export of a backend on this host.
     pub fn local(
         name: impl Into<String>,
         description: impl Into<String>,
@@ -89,92 +69,29 @@ impl Export {
         Self {
             name: name.into(),
             description: description.into(),
-            storage: Storage::Local(backend),
+            storage: Arc::new(OnHost(backend)),
             read_only,
             volume,
             allow: Vec::new(),
             peers: None,
-            writes: RangeLock::default(),
+            writes: Arc::default(),
         }
     }
 
     /// Whether the export's storage failed a cache flush and fails every
     /// FLUSH and FUA write since (see `backend/durable.rs`).
     pub fn failed(&self) -> bool {
-        match &self.storage {
-            Storage::Local(b) => b.failed(),
-            Storage::Forwarded(_) => false,
-        }
+        self.storage.failed()
     }
 
     pub fn size(&self) -> u64 {
-        match &self.storage {
-            Storage::Local(b) => b.size(),
-            Storage::Forwarded(f) => f.size(),
-        }
+        self.storage.size()
     }
 
-    /// Transmission flags offered for this export.
-    pub fn flags(&self) -> TransmissionFlags {
-        let f = match &self.storage {
-            Storage::Local(backend) => {
-                let caps = backend.caps();
-                let mut f = TransmissionFlags::HAS_FLAGS
-                    | TransmissionFlags::SEND_FLUSH
-                    | TransmissionFlags::SEND_FUA
-                    | TransmissionFlags::SEND_DF
-                    | TransmissionFlags::SEND_CACHE
-                    // One backend object serves every connection of the
-                    // export, so a flush on any connection covers writes
-                    // completed on all of them.
-                    | TransmissionFlags::CAN_MULTI_CONN;
-                if !self.read_only {
-                    f |= TransmissionFlags::SEND_WRITE_ZEROES | TransmissionFlags::SEND_FAST_ZERO;
-                    if caps.trim {
-                        f |= TransmissionFlags::SEND_TRIM;
-                    }
-                }
-                if caps.rotational {
-                    f |= TransmissionFlags::ROTATIONAL;
-                }
-                f
-            }
-            // What the export behind offers, passed through; replies are
-            // built here, so DF can always be honoured.
-            Storage::Forwarded(fwd) => {
-                fwd.flags().0 | TransmissionFlags::HAS_FLAGS | TransmissionFlags::SEND_DF
-            }
-        };
-        let read_only = if self.read_only {
-            TransmissionFlags::READ_ONLY
-        } else {
-            0
-        };
-        TransmissionFlags(f | read_only)
-    }
-
-    /// The export as the handshake describes it.
-    pub fn info(&self) -> ExportInfo {
-        let (min_block, preferred_block, max_payload) = match &self.storage {
-            Storage::Local(_) => (Self::MIN_BLOCK, Self::PREFERRED_BLOCK, Self::MAX_PAYLOAD),
-            Storage::Forwarded(f) => (
-                f.min_block(),
-                f.preferred_block(),
-                f.max_payload().min(Self::MAX_PAYLOAD),
-            ),
-        };
-        ExportInfo {
-            name: self.name.clone(),
-            description: self.description.clone(),
-            size: self.size(),
-            flags: self.flags(),
-            min_block,
-            preferred_block,
-            max_payload,
-            volume: Some(self.volume.to_string()),
-            peer_portals: self.peers.as_ref().map(|p| p.portals()).unwrap_or_default(),
-            instance: self.peers.as_ref().and_then(|p| p.instance()),
-        }
+    /// Whether a client at `peer` (`None`: a local unix socket client)
+    /// may use the export.
+    pub fn admits(&self, peer: Option<IpAddr>) -> bool {
+        allowed(&self.allow, peer)
     }
 }
 
@@ -200,70 +117,5 @@ impl Exports {
             return self.list.first();
         }
         self.list.iter().find(|e| e.name == name)
-    }
-}
-
-impl Exports {
-    /// The exports as a client at `peer` sees them (`None`: a local unix
-    /// socket client).
-    pub fn for_peer(&self, peer: Option<IpAddr>) -> PeerCatalog<'_> {
-        PeerCatalog {
-            exports: self,
-            peer,
-        }
-    }
-}
-
-/// The catalog one client's handshake consults: exports whose allow-list
-/// excludes it are refused by policy and left out of listings.
-pub struct PeerCatalog<'a> {
-    exports: &'a Exports,
-    peer: Option<IpAddr>,
-}
-
-impl PeerCatalog<'_> {
-    /// Names this client may know of (others are not even named to it).
-    fn visible_names(&self) -> String {
-        self.list()
-            .into_iter()
-            .map(|e| e.name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-impl Catalog for PeerCatalog<'_> {
-    fn lookup(&self, name: &str) -> Result<ExportInfo, Refusal> {
-        match self.exports.find(name) {
-            Some(e) if allowed(&e.allow, self.peer) => Ok(e.info()),
-            Some(e) => {
-                let peer = self.peer.map_or("?".to_string(), |p| p.to_string());
-                warn!(export = %e.name, %peer, "refused: client address not in the export's allow-list");
-                Err(Refusal::Policy(format!(
-                    "export {:?} is not available to clients at {peer}",
-                    e.name
-                )))
-            }
-            None if name.is_empty() => Err(Refusal::Unknown(format!(
-                "no default export: this server has several ({}); name one",
-                self.visible_names()
-            ))),
-            None => Err(Refusal::Unknown(format!(
-                "no export named {name:?}; this server has: {}",
-                self.visible_names()
-            ))),
-        }
-    }
-
-    fn list(&self) -> Vec<ServerEntry> {
-        self.exports
-            .list
-            .iter()
-            .filter(|e| allowed(&e.allow, self.peer))
-            .map(|e| ServerEntry {
-                name: e.name.clone(),
-                description: e.description.clone(),
-            })
-            .collect()
     }
 }

@@ -1,7 +1,8 @@
 //! braid's storage, whatever the protocol in front of it: exports and the
 //! backends their bytes live on (a file, a block device, memory), storage
-//! forwarded to a multipath volume, the range lock writers share, volume
-//! identities, the portals a server listens on, and the limits it keeps.
+//! reached elsewhere (a multipath volume), the one [`Storage`] trait over
+//! both, the range lock writers share, volume identities, the portals a
+//! server listens on, and the limits it keeps.
 //!
 //! Every front end (NBD, iSCSI) serves the exports of this crate, and runs
 //! its operations through the one [`exec`]utor.
@@ -9,9 +10,9 @@
 pub mod access;
 pub mod backend;
 mod capabilities;
+pub mod compound;
 pub mod exec;
 pub mod export;
-pub mod forward;
 pub mod hold;
 pub mod identity;
 mod limits;
@@ -22,11 +23,12 @@ pub mod rangelock;
 pub mod registry;
 pub mod source;
 pub mod stats;
+pub mod storage;
 
 pub use capabilities::Capabilities;
-pub use export::{Export, Exports, PeerFence, Peers, Storage};
-pub use forward::{Forward, ForwardFuture, Forwarded};
+pub use export::{Export, Exports, PeerFence, Peers};
 pub use limits::Limits;
+pub use storage::{Abilities, Done, Geometry, OnHost, Storage, Submitted};
 
 /// Whether this build has the test hooks (`Registry::hold`,
 /// `RangeLock::pause`, the gateway's blocklist switch): only test builds.

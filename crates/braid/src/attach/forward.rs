@@ -1,17 +1,21 @@
-//! A multipath volume as the storage behind an export of braid's NBD
-//! target: how `braid attach` serves a volume to the kernel, qemu or any
-//! local NBD client. Requests arrive already checked by the target and
-//! go through the volume's engine unchanged.
+//! A multipath volume as the storage behind an export: how `braid attach`
+//! serves a volume to the kernel, qemu or any local NBD client (and any
+//! front end of the store could serve it the same way). Requests arrive
+//! already checked by the front end and go through the volume's engine
+//! unchanged.
 
 use std::sync::Arc;
 
-use braid_proto::{Errno, Request, TransmissionFlags};
-use braid_store::{Forward, ForwardFuture, Forwarded};
+use braid_proto::TransmissionFlags;
+use braid_store::backend::Extent;
+use braid_store::exec::Job;
+use braid_store::rangelock::RangeLock;
+use braid_store::{Abilities, Done, Geometry, Storage, Submitted};
 use bytes::Bytes;
 
 use braid_initiator::Volume;
 
-/// The volume as the target's forwarded storage.
+/// The volume as the storage behind an export.
 pub struct VolumeForward(pub Arc<Volume>);
 
 impl std::fmt::Debug for VolumeForward {
@@ -20,66 +24,56 @@ impl std::fmt::Debug for VolumeForward {
     }
 }
 
-impl Forward for VolumeForward {
+impl Storage for VolumeForward {
     fn size(&self) -> u64 {
         self.0.info().size
     }
 
-    fn flags(&self) -> TransmissionFlags {
-        // What the export behind offers, less what only concerns how it
-        // answers its own clients.
-        let keep = TransmissionFlags::READ_ONLY
-            | TransmissionFlags::SEND_FLUSH
-            | TransmissionFlags::SEND_FUA
-            | TransmissionFlags::ROTATIONAL
-            | TransmissionFlags::SEND_TRIM
-            | TransmissionFlags::SEND_WRITE_ZEROES
-            | TransmissionFlags::CAN_MULTI_CONN
-            | TransmissionFlags::SEND_CACHE
-            | TransmissionFlags::SEND_FAST_ZERO;
-        TransmissionFlags(self.0.info().flags.0 & keep)
+    /// What the export behind offers, less what only concerns how it
+    /// answers its own clients.
+    fn abilities(&self) -> Abilities {
+        let info = self.0.info();
+        let has = |f: u16| info.flags.0 & f != 0;
+        Abilities {
+            read_only: has(TransmissionFlags::READ_ONLY),
+            flush: has(TransmissionFlags::SEND_FLUSH),
+            fua: has(TransmissionFlags::SEND_FUA),
+            trim: has(TransmissionFlags::SEND_TRIM),
+            write_zeroes: has(TransmissionFlags::SEND_WRITE_ZEROES),
+            fast_zero: has(TransmissionFlags::SEND_FAST_ZERO),
+            cache: has(TransmissionFlags::SEND_CACHE),
+            block_status: info.block_status,
+            rotational: has(TransmissionFlags::ROTATIONAL),
+            multi_conn: has(TransmissionFlags::CAN_MULTI_CONN),
+        }
     }
 
-    fn block_status(&self) -> bool {
-        self.0.info().block_status
+    fn geometry(&self) -> Geometry {
+        let info = self.0.info();
+        Geometry {
+            min_block: info.min_block,
+            preferred_block: info.preferred_block,
+            max_payload: info.max_payload,
+        }
     }
 
-    fn min_block(&self) -> u32 {
-        self.0.info().min_block
-    }
-
-    fn preferred_block(&self) -> u32 {
-        self.0.info().preferred_block
-    }
-
-    fn max_payload(&self) -> u32 {
-        self.0.info().max_payload
-    }
-
-    fn forward(&self, req: &Request, payload: Option<Bytes>) -> ForwardFuture {
+    fn submit(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted {
         let vol = self.0.clone();
-        let req = *req;
         Box::pin(async move {
-            let Some(op) = req.command.op() else {
-                return Err((Errno::Inval, "not a forwarded command".into()));
-            };
             let done = vol
-                .submit(
-                    op,
-                    req.offset,
-                    u64::from(req.length),
-                    req.flags.flags(),
-                    payload,
-                )
+                .submit(job.op, job.offset, job.len, job.flags, payload)
                 .await
-                .map_err(|e| (Errno::from_kind(e.kind()), e.to_string()))?;
-            Ok(Forwarded {
+                .map_err(|e| braid_block::Error::new(e.kind(), e.to_string()))?;
+            Ok(Done {
                 data: done.data,
                 extents: done
                     .status
                     .into_iter()
                     .flat_map(|s| s.extents)
-                    .map(|e| (e.length, e.flags))
+                    .map(|e| Extent {
+                        len: u64::from(e.length),
+                        flags: e.flags,
+                    })
                     .collect(),
             })
         })

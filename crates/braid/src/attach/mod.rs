@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Context, Result};
 use braid_nbd_target::Target;
 use braid_store::portal::Portal;
-use braid_store::{Export, Exports, Limits, Storage};
+use braid_store::{Export, Exports, Limits};
 use forward::VolumeForward;
 use tracing::{error, info, warn};
 
@@ -160,7 +160,7 @@ async fn serve(
     let export = Arc::new(Export {
         name: spec.name.clone(),
         description: format!("{} over {} paths", spec.uri, vol.info().paths.len()),
-        storage: Storage::Forwarded(Arc::new(VolumeForward(vol.clone()))),
+        storage: Arc::new(VolumeForward(vol.clone())),
         read_only: false,
         volume: identity,
         allow: Vec::new(),

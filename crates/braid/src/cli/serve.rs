@@ -155,17 +155,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
 
-    /// Requests in flight per connection (more wait in the socket)
-    /// [default: 256]
+    /// Requests in flight per connection, NBD's or iSCSI's (more wait in
+    /// the socket; an iSCSI command window is at most 64) [default: 256]
     #[arg(long, value_name = "N")]
     pub max_requests_per_connection: Option<usize>,
 
-    /// Payload bytes in flight per connection [default: 128M]
+    /// Payload bytes in flight per connection (NBD's and iSCSI's)
+    /// [default: 128M]
     #[arg(long, value_name = "SIZE")]
     pub max_inflight_per_connection: Option<String>,
 
     /// Payload bytes in flight on the whole server, across connections
-    /// [default: 1G]
+    /// (NBD's and iSCSI's each) [default: 1G]
     #[arg(long, value_name = "SIZE")]
     pub max_inflight_total: Option<String>,
 
@@ -174,7 +175,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub handshake_timeout: Option<f64>,
 
-    /// Close connections idle this many seconds (0: never) [default: 0]
+    /// Close connections, NBD's and iSCSI's, idle this many seconds (0:
+    /// never) [default: 0]
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<f64>,
 

@@ -447,7 +447,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             // ran: flushed once more now that every connection is gone.
             let _ = task.await;
             for e in exports.iter() {
-                if let braid_store::Storage::Local(b) = &e.storage {
+                if let Some(b) = e.storage.backend() {
                     b.flush().context("flushing exports at exit")?;
                 }
             }

@@ -46,11 +46,7 @@ impl InProcess {
         let (stop, stopped) = watch::channel(false);
         let exports = Exports::new(vec![export.clone()]);
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a runtime");
+            let rt = runtime();
             rt.block_on(async move {
                 let server = IscsiServer::bind(&portals, &exports, &IscsiConfig::default())
                     .await
@@ -85,9 +81,7 @@ impl InProcess {
 
     /// Bytes of the volume, read from its backend directly.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        let braid_store::Storage::Local(b) = &self.export.storage else {
-            unreachable!("a local export")
-        };
+        let b = self.export.storage.backend().expect("a local export");
         let mut buf = vec![0; len];
         b.read_at(&mut buf, offset).expect("read the backend");
         buf
@@ -101,4 +95,76 @@ impl Drop for InProcess {
             let _ = t.join();
         }
     }
+}
+
+/// An iSCSI target alone, in this process, on one loopback portal, over
+/// the exports `make` builds on its runtime (where what they need, a
+/// volume's tasks, can run); stopped when dropped.
+pub struct IscsiOnly {
+    pub addr: SocketAddr,
+    pub handle: IscsiHandle,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What builds the exports of an [`IscsiOnly`].
+pub type MakeExports =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Exports>>> + Send>;
+
+impl IscsiOnly {
+    pub fn start(cfg: IscsiConfig, make: MakeExports) -> IscsiOnly {
+        let (tx, rx) = mpsc::channel();
+        let (stop, stopped) = watch::channel(false);
+        let thread = std::thread::spawn(move || {
+            let rt = runtime();
+            rt.block_on(async move {
+                let portal = Portal {
+                    addr: "127.0.0.1:0".parse().expect("an address"),
+                    device: None,
+                };
+                let exports = make().await;
+                let iscsi = IscsiServer::bind(&[portal], &exports, &cfg)
+                    .await
+                    .expect("bind the iSCSI portal");
+                tx.send((iscsi.local_addrs()[0], iscsi.handle()))
+                    .expect("the test waits");
+                iscsi.run(stopped).await;
+            });
+        });
+        let (addr, handle) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the server started");
+        IscsiOnly {
+            addr,
+            handle,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Over one export, ready made.
+    pub fn serving(cfg: IscsiConfig, export: Arc<Export>) -> IscsiOnly {
+        Self::start(
+            cfg,
+            Box::new(move || Box::pin(async move { Exports::new(vec![export]) })),
+        )
+    }
+}
+
+impl Drop for IscsiOnly {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The runtime a server of this kit runs on, on a thread of its own.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
 }

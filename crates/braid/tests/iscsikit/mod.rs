@@ -235,6 +235,19 @@ impl Initiator {
         closed
     }
 
+    /// What the target sent before it closed the connection (waits up to
+    /// `limit` for it to close; `None` if it did not).
+    pub fn last_words(&mut self, limit: Duration) -> Option<Vec<Pdu>> {
+        if !self.closed_within(limit) {
+            return None;
+        }
+        let mut said = Vec::new();
+        while let Ok(Some(p)) = self.framer.next(&mut self.buf) {
+            said.push(p);
+        }
+        Some(said)
+    }
+
     /// Sends a SCSI command: `cdb`, `data_out` for the target (immediate
     /// data, then Data-Out as asked) and room for `expect_in` bytes back.
     /// Returns its task tag without waiting for the answer.

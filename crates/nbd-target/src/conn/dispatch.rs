@@ -1,51 +1,26 @@
-//! Where a validated request goes once its payload is in: forwarded to
-//! the export's upstream, held for a test, answered at once from memory,
+//! Where a validated request goes once its payload is in: submitted to
+//! storage with no backend on this host (a multipath volume), held for a
+//! test, answered at once from memory,
 //! started on an asynchronous backend, or run as a job (inline for memory,
 //! on a blocking thread for files); and the per-connection counters its
 //! reply adds to.
 
 use braid_pool::Buf;
-use braid_proto::{Command, Request};
+use braid_proto::{Command, Errno, Request};
+use braid_store::exec;
 use tracing::warn;
 
 use super::writer::{Outgoing, Permits};
 use super::{execute, forwarded, Reader, Reply};
-use crate::export::Storage;
 use braid_store::registry::Conn;
 
 impl Reader {
     pub(super) fn dispatch(&self, req: Request, payload: Option<Buf>, permits: Permits) {
         let conn = &self.conn;
         conn.begin();
-        if let Storage::Forwarded(fwd) = &self.export.storage {
-            let (conn, fwd, style, tx) = (
-                conn.clone(),
-                fwd.clone(),
-                self.style.clone(),
-                self.tx.clone(),
-            );
-            let task = tokio::spawn(async move {
-                conn.wait_unheld().await;
-                if !conn.fenced() {
-                    let reply = if req.command == Command::BlockStatus && !fwd.block_status() {
-                        // Nothing known behind: all data, which is always
-                        // a correct answer (spec: status 0 is safe).
-                        execute::block_status_reply(&style, &req, &[])
-                    } else {
-                        let result = fwd.forward(&req, payload.map(Buf::into_bytes)).await;
-                        forwarded::reply(&style, &req, result)
-                    };
-                    count(&conn, &req, &reply);
-                    let _ = tx.send(Outgoing {
-                        reply,
-                        _permits: permits,
-                    });
-                }
-                conn.end();
-            });
-            drop(task);
-            return;
-        }
+        let Some(backend) = self.export.storage.backend().cloned() else {
+            return self.submit(req, payload, permits);
+        };
         if conn.held() {
             // Test hook (Registry::hold): wait off the reader, then run.
             let blocking = self.blocking();
@@ -61,7 +36,7 @@ impl Reader {
             });
             return;
         }
-        if let (true, Storage::Local(backend)) = (self.blocking(), &self.export.storage) {
+        if backend.blocking() {
             // Cached data needs no blocking thread: answer it here.
             if !conn.fenced() {
                 if let Some(reply) = execute::try_read_now(backend.as_ref(), &self.style, &req) {
@@ -75,14 +50,13 @@ impl Reader {
                 }
             }
         }
-        let (req, payload, permits) = match &self.export.storage {
-            Storage::Local(backend) if self.blocking() && !conn.fenced() => {
-                match self.start(backend, req, payload, permits) {
-                    Ok(()) => return,
-                    Err(back) => back,
-                }
+        let (req, payload, permits) = if backend.blocking() && !conn.fenced() {
+            match self.start(&backend, req, payload, permits) {
+                Ok(()) => return,
+                Err(back) => back,
             }
-            _ => (req, payload, permits),
+        } else {
+            (req, payload, permits)
         };
         let job = self.job(req, payload, permits);
         if self.blocking() {
@@ -93,10 +67,40 @@ impl Reader {
     }
 
     fn blocking(&self) -> bool {
-        match &self.export.storage {
-            Storage::Local(b) => b.blocking(),
-            Storage::Forwarded(_) => false,
-        }
+        self.export.storage.backend().is_some_and(|b| b.blocking())
+    }
+
+    /// Runs `req` through the executor on storage that has no backend on
+    /// this host (a multipath volume), as a task: its reply is built from
+    /// what comes back.
+    fn submit(&self, req: Request, payload: Option<Buf>, permits: Permits) {
+        let (conn, export, style, tx) = (
+            self.conn.clone(),
+            self.export.clone(),
+            self.style.clone(),
+            self.tx.clone(),
+        );
+        let task = tokio::spawn(async move {
+            conn.wait_unheld().await;
+            if !conn.fenced() {
+                let reply = match execute::job(&req) {
+                    Some(job) => {
+                        let done = exec::submit(&export, job, payload.map(Buf::into_bytes)).await;
+                        forwarded::reply(&style, &req, done)
+                    }
+                    None => {
+                        execute::error_reply(&style, req.cookie, Errno::Inval, "unknown command")
+                    }
+                };
+                count(&conn, &req, &reply);
+                let _ = tx.send(Outgoing {
+                    reply,
+                    _permits: permits,
+                });
+            }
+            conn.end();
+        });
+        drop(task);
     }
 
     /// The work of one request: run it unless fenced, send the reply.
@@ -113,8 +117,8 @@ impl Reader {
         move || {
             // A fence that arrived before this request started drops it.
             if !conn.fenced() {
-                let Storage::Local(backend) = &export.storage else {
-                    unreachable!("forwarded exports are dispatched above");
+                let Some(backend) = export.storage.backend() else {
+                    unreachable!("storage without a backend here is submitted above");
                 };
                 let started = std::time::Instant::now();
                 let reply = execute::execute(&export, backend, &style, &req, payload);

@@ -9,7 +9,7 @@ use std::io;
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
 use std::sync::Arc;
 
-use braid_block::{Error, ErrorKind, Flags, Op};
+use braid_block::{Error, ErrorKind, Op};
 use braid_pool::{Buf, Pool};
 use braid_proto::{CmdFlags, Command, ContextKind, Cookie, Errno, Request, SelectedContext};
 use braid_store::exec::{self, Data, Job};
@@ -140,33 +140,11 @@ pub(crate) fn execute(
 /// NBD's request as the executor's job: the one place NBD's commands and
 /// flags become block operations (`None` for a command that is none).
 pub(crate) fn job(req: &Request) -> Option<Job> {
-    let op = match req.command {
-        Command::Read => Op::Read,
-        Command::Write => Op::Write,
-        Command::Flush => Op::Flush,
-        Command::Trim => Op::Trim,
-        Command::WriteZeroes => Op::WriteZeroes,
-        Command::Cache => Op::Cache,
-        Command::BlockStatus => Op::BlockStatus,
-        Command::Disc | Command::Unknown(_) => return None,
-    };
-    let mut flags = Flags::empty();
-    for (nbd, block) in [
-        (CmdFlags::FUA, Flags::FUA),
-        (CmdFlags::NO_HOLE, Flags::NO_HOLE),
-        (CmdFlags::FAST_ZERO, Flags::FAST_ZERO),
-        (CmdFlags::DF, Flags::DONT_FRAGMENT),
-        (CmdFlags::REQ_ONE, Flags::REQ_ONE),
-    ] {
-        if req.flags.has(nbd) {
-            flags = flags.with(block);
-        }
-    }
     Some(Job {
-        op,
+        op: req.command.op()?,
         offset: req.offset,
         len: u64::from(req.length),
-        flags,
+        flags: req.flags.flags(),
     })
 }
 
@@ -200,17 +178,17 @@ pub(crate) fn data_reply(
 }
 
 fn failed(style: &ReplyStyle, cookie: Cookie, e: &Error) -> Reply {
-    match e.kind {
-        // See `Backend`: the storage is lost to this server; the client
-        // must fence this connection and go elsewhere.
-        ErrorKind::ShuttingDown => Reply {
+    if exec::lost(e) {
+        // The store's rule: the client must fence this connection and go
+        // elsewhere.
+        return Reply {
             parts: Vec::new(),
             file: None,
             ok: false,
             cut: true,
-        },
-        kind => error_reply(style, cookie, errno(kind), &e.message),
+        };
     }
+    error_reply(style, cookie, errno(e.kind), &e.message)
 }
 
 fn read_reply(style: &ReplyStyle, cookie: Cookie, offset: u64, data: Buf) -> Reply {

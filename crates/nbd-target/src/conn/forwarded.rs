@@ -1,37 +1,30 @@
-//! Replies for forwarded exports: what came back from the export behind,
-//! encoded for this connection (structured or simple, DF, contexts).
+//! Replies for storage with no backend on this host (a multipath volume):
+//! what the executor brought back, encoded for this connection
+//! (structured or simple, DF, contexts).
 
 use braid_proto::reply::encode;
 use braid_proto::{CmdFlags, Command, Errno, Request};
 use bytes::{Bytes, BytesMut};
 
-use super::execute::{block_status_reply, error_reply, ok_reply, Reply, ReplyStyle};
-use crate::backend::Extent;
-use crate::forward::Forwarded;
+use braid_store::Done;
 
-/// Builds the reply to `req` from a forwarded result.
+use super::execute::{block_status_reply, error_reply, ok_reply, Reply, ReplyStyle};
+
+/// Builds the reply to `req` from what the executor brought back. An
+/// error keeps its kind as NBD's errno, storage lost (ESHUTDOWN) included:
+/// the volume behind has already failed over where it could.
 pub(crate) fn reply(
     style: &ReplyStyle,
     req: &Request,
-    result: Result<Forwarded, (Errno, String)>,
+    result: Result<Done, braid_block::Error>,
 ) -> Reply {
     let done = match result {
         Ok(done) => done,
-        Err((errno, message)) => return error_reply(style, req.cookie, errno, &message),
+        Err(e) => return error_reply(style, req.cookie, Errno::from_kind(e.kind), &e.message),
     };
     match req.command {
         Command::Read => read(style, req, done.data),
-        Command::BlockStatus => {
-            let found: Vec<Extent> = done
-                .extents
-                .iter()
-                .map(|&(len, flags)| Extent {
-                    len: u64::from(len),
-                    flags,
-                })
-                .collect();
-            block_status_reply(style, req, &found)
-        }
+        Command::BlockStatus => block_status_reply(style, req, &done.extents),
         _ => ok_reply(style, req.cookie),
     }
 }

@@ -188,7 +188,7 @@ async fn handshake(
         },
         ..ServerConfig::default()
     });
-    let catalog = ctx.exports.for_peer(peer);
+    let catalog = crate::catalog::PeerCatalog::new(&ctx.exports, peer);
     let mut buf = BytesMut::with_capacity(4096);
     loop {
         let out = hs.take_output();

@@ -48,6 +48,13 @@ pub struct Extent {
     pub flags: u32,
 }
 
+impl Extent {
+    /// Not allocated: reading it costs the storage nothing.
+    pub fn hole(&self) -> bool {
+        self.flags & braid_proto::wire::state::HOLE != 0
+    }
+}
+
 /// Storage behind an export.
 ///
 /// Every method may be called from several threads at once; a backend
