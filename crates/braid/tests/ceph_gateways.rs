@@ -8,7 +8,9 @@
 //! a clone's or copy's gateways remove the records copied with the image's
 //! metadata and never fence the original's gateway; two images of one name
 //! in two RADOS namespaces are two volumes, each with its own records and
-//! barrier.
+//! barrier; after `rbd resize` grows the image, `braid attach`'s path that
+//! reconnects comes back and the volume keeps the size it was attached
+//! with, and after a shrink that path stays out and the log says why.
 
 #![cfg(feature = "rbd")]
 
@@ -454,4 +456,141 @@ fn two_images_of_one_name_in_two_namespaces_are_two_volumes_with_their_own_gatew
         "barrier watches per image"
     );
     drop((both, only_a, a, b));
+}
+
+/// An 8 MiB image, its gateways A and B (B on a portal it keeps when
+/// started again), and `braid attach` over both from A's URI; dropped in
+/// that order backwards.
+struct Attached<'c> {
+    attach: labkit::Attach,
+    b: Serve,
+    b_portal: String,
+    _a: Serve,
+    img: cephkit::Image<'c>,
+}
+
+impl<'c> Attached<'c> {
+    fn start(c: &'c cephkit::Cluster, hint: &str) -> Self {
+        let img = c.image(hint, "8M", Some("layering"));
+        let a = c.gateway(&img, &[]);
+        let b_portal = format!("127.0.0.1:{}", common::free_port());
+        let b = c.gateway(&img, &["--listen", &b_portal]);
+        cephkit::eventually(Duration::from_secs(20), "A lists B", || {
+            listed(&a, "portal").contains(&b_portal)
+        });
+        let attach = labkit::Attach::start(None, &a.uri("vol"), "vol", &[]);
+        Self {
+            attach,
+            b,
+            b_portal,
+            _a: a,
+            img,
+        }
+    }
+
+    /// `rbd resize` to `mib` MiB.
+    fn resize(&self, c: &cephkit::Cluster, mib: u64) {
+        let size = format!("{mib}M");
+        let name = self.img.rbd_name();
+        let args = ["resize", "--no-progress", "--allow-shrink", "--size", &size];
+        c.ok("rbd", &[&args[..], &[name.as_str()]].concat());
+    }
+
+    /// B stops and starts again on its portal, so the attach's path to it
+    /// fails and must reconnect; returns the bytes written on that path
+    /// before.
+    fn restart_b(&mut self, c: &'c cephkit::Cluster) -> u64 {
+        self.b.stop();
+        cephkit::eventually(Duration::from_secs(20), "the path to B fails", || {
+            self.path_to_b()["state"] != "active"
+        });
+        let written = self.path_to_b()["written_bytes"].as_u64().unwrap();
+        self.b = c.gateway(&self.img, &["--listen", &self.b_portal]);
+        written
+    }
+
+    /// `braid status --json`'s path to B.
+    fn path_to_b(&self) -> serde_json::Value {
+        let status = self.attach.status();
+        let paths = status["paths"].as_array();
+        let to_b = paths.and_then(|ps| ps.iter().find(|p| p["portal"] == *self.b_portal));
+        to_b.cloned().unwrap_or_else(|| panic!("{status:#}"))
+    }
+
+    /// Python for nbdsh, connected to the attach.
+    fn nbdsh(&self, script: &str) -> String {
+        common::nbdsh(&format!(
+            "h.connect_uri({:?})\nimport hashlib\n{script}",
+            self.attach.uri()
+        ))
+    }
+}
+
+#[needs("ceph-mon", "nbdsh")]
+fn a_path_that_reconnects_after_the_image_grew_comes_back_at_the_size_attached() {
+    let Some(c) = cephkit::ceph() else { return };
+    let mut v = Attached::start(c, "regrow");
+    let dir = tempfile::tempdir().unwrap();
+    let before = random_file(dir.path(), 8 * MIB, 51);
+    let after = random_file(dir.path(), 8 * MIB, 52);
+    // Written whole, then read back: the size seen and the bytes' sha256.
+    let write = |v: &Attached, file: &std::path::Path| {
+        v.nbdsh(&format!(
+            "h.pwrite(open({file:?}, 'rb').read(), 0)\n\
+             h.flush()\n\
+             print(h.get_size(), hashlib.sha256(h.pread({len}, 0)).hexdigest())\n",
+            file = file.display().to_string(),
+            len = 8 * MIB,
+        ))
+    };
+    let want = |file| format!("{} {}", 8 * MIB, sha256(file));
+    assert_eq!(write(&v, &before).trim(), want(&before));
+    v.resize(c, 16);
+    let written = v.restart_b(c);
+    cephkit::eventually(Duration::from_secs(30), "the path to B is back", || {
+        v.path_to_b()["state"] == "active"
+    });
+    let script = format!("h.connect_uri({:?})\nprint(h.get_size())\n", v.b.uri("vol"));
+    let b_size = common::nbdsh(&script);
+    assert_eq!(b_size.trim(), (16 * MIB).to_string(), "B's size now");
+    // The volume keeps the size it was attached with, and both paths
+    // carry writes that read back byte for byte.
+    assert_eq!(write(&v, &after).trim(), want(&after), "{}", v.attach.log());
+    let to_b = v.path_to_b();
+    assert!(
+        to_b["written_bytes"].as_u64().unwrap() > written,
+        "B carried none of the writes after it came back: {to_b:#}"
+    );
+    let data = v.img.export();
+    assert_eq!(data.len(), 16 * MIB, "rbd export of the grown image");
+    assert_eq!(
+        sha256_bytes(&data[..8 * MIB]),
+        sha256(&after),
+        "in the cluster"
+    );
+}
+
+#[needs("ceph-mon", "nbdsh")]
+fn a_path_that_reconnects_after_the_image_shrank_stays_out_and_the_log_says_why() {
+    let Some(c) = cephkit::ceph() else { return };
+    let mut v = Attached::start(c, "reshrink");
+    v.nbdsh("h.pwrite(bytes(range(256)) * 4096, 0)\nh.flush()\n");
+    let first: Vec<u8> = (0..=255u8).cycle().take(MIB).collect();
+    v.resize(c, 4);
+    v.restart_b(c);
+    cephkit::eventually(
+        Duration::from_secs(30),
+        "the attach says the image shrank",
+        || {
+            v.attach
+                .log()
+                .contains("the image shrank under a running attach")
+        },
+    );
+    assert_ne!(v.path_to_b()["state"], "active");
+    // The other path still serves what lies inside the new size.
+    let read = v.nbdsh(&format!(
+        "print(hashlib.sha256(h.pread({MIB}, 0)).hexdigest())\n"
+    ));
+    assert_eq!(read.trim(), sha256_bytes(&first), "{}", v.attach.log());
 }

@@ -296,13 +296,14 @@ pub async fn connect_path(
             });
         }
     }
-    if details.size != expect.size {
-        return Err(ConnectError::NotSameVolume {
+    let identified = expect.identity.as_ref().map(|v| format!("volume {v}"));
+    if let Err(e) = size_fits(&path.portal, expect.size, details.size, identified) {
+        return Err(e.unwrap_or_else(|| ConnectError::NotSameVolume {
             portal: path.portal.to_string(),
             found: format!("{:?} of {} bytes", expect.export, details.size),
             first: expect.source.clone(),
             expected: format!("{} bytes", expect.size),
-        });
+        }));
     }
     let allocation = n
         .outcome
@@ -316,6 +317,45 @@ pub async fn connect_path(
         allocation,
         instance,
     })
+}
+
+/// Whether a path that reports `found` bytes may serve a volume opened at
+/// `opened` bytes. Where the target named the volume (`identified`, the
+/// identity checked and matched) a larger size is an image that grew under
+/// the running volume: the path is used and the volume keeps the size it
+/// was opened at, as NBD cannot tell its own clients of another (a new
+/// attach sees it). A smaller one is an image that shrank:
+/// [`ConnectError::Shrank`]. Without an identity, the size is the only
+/// sign that two paths lead to one volume: any other size is refused
+/// (`Err(None)`; the caller names the volume as its protocol does).
+///
+/// # Errors
+///
+/// As above.
+pub(crate) fn size_fits(
+    portal: &Endpoint,
+    opened: u64,
+    found: u64,
+    identified: Option<String>,
+) -> Result<(), Option<ConnectError>> {
+    match (found.cmp(&opened), identified) {
+        (std::cmp::Ordering::Equal, _) => Ok(()),
+        (std::cmp::Ordering::Greater, Some(volume)) => {
+            tracing::info!(
+                %portal, %volume, found, opened,
+                "the image grew: this path is used, and the volume keeps the size it was \
+                 opened at until it is attached again"
+            );
+            Ok(())
+        }
+        (std::cmp::Ordering::Less, Some(volume)) => Err(Some(ConnectError::Shrank {
+            portal: portal.to_string(),
+            volume,
+            found,
+            opened,
+        })),
+        (_, None) => Err(None),
+    }
 }
 
 #[cfg(test)]
@@ -387,5 +427,32 @@ mod tests {
         assert!(resolve_locals(&[LocalSpec::Iface("nosuch9".into())]).is_err());
         let lo = resolve_locals(&[LocalSpec::Iface("lo".into())]).unwrap();
         assert_eq!(lo[0].0.device.as_deref(), Some("lo"));
+    }
+
+    #[test]
+    fn a_named_volume_may_grow_under_its_paths_but_not_shrink() {
+        let p = portal("10.0.1.1:1");
+        let named = || Some("volume 1234".to_owned());
+        assert!(size_fits(&p, 8 << 20, 8 << 20, named()).is_ok());
+        assert!(size_fits(&p, 8 << 20, 16 << 20, named()).is_ok());
+        let Err(Some(e)) = size_fits(&p, 8 << 20, 4 << 20, named()) else {
+            panic!("a shrunk volume was taken as a path")
+        };
+        assert!(matches!(e, ConnectError::Shrank { .. }) && e.other_volume());
+        let told = e.to_string();
+        assert!(
+            told.contains("4194304 bytes, less than the 8388608")
+                && told.contains("shrank under a running attach")
+                && told.contains("detach and attach again"),
+            "{told}"
+        );
+    }
+
+    #[test]
+    fn without_an_identity_only_the_same_size_is_the_same_volume() {
+        let p = portal("10.0.1.1:1");
+        assert!(size_fits(&p, 8 << 20, 8 << 20, None).is_ok());
+        assert!(matches!(size_fits(&p, 8 << 20, 16 << 20, None), Err(None)));
+        assert!(matches!(size_fits(&p, 8 << 20, 4 << 20, None), Err(None)));
     }
 }

@@ -184,6 +184,20 @@ pub enum ConnectError {
         first: String,
         expected: String,
     },
+    /// The portal serves the volume (its identity matched) smaller than
+    /// the volume was opened at: the image shrank under it.
+    #[error(
+        "portal {portal} serves {volume} at {found} bytes, less than the {opened} bytes it was \
+         opened at: the image shrank under a running attach, so what lies past its new end is \
+         gone and braid will not use this path; stop what uses the volume, then detach and \
+         attach again (and check the file system on it) to use the image at its new size"
+    )]
+    Shrank {
+        portal: String,
+        volume: String,
+        found: u64,
+        opened: u64,
+    },
     #[error("iSCSI login at {endpoint}")]
     Login {
         endpoint: String,
@@ -192,6 +206,15 @@ pub enum ConnectError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+impl ConnectError {
+    /// The portal leads to other data than the volume's (another volume,
+    /// or the volume shrunk): trying again will not help until an
+    /// operator acts.
+    pub fn other_volume(&self) -> bool {
+        matches!(self, Self::NotSameVolume { .. } | Self::Shrank { .. })
+    }
 }
 
 /// An error with its causes, `outer: inner: innermost`, for log lines

@@ -8,7 +8,7 @@ use braid_iscsi::initiator::sense::Attention;
 use braid_iscsi::initiator::session::Command;
 use braid_iscsi::initiator::unit::AccessState;
 use bytes::Bytes;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::engine::{Access, Op, SendChunk};
 use crate::sink::Signal;
@@ -62,6 +62,16 @@ pub(crate) fn signal_of(attention: Attention) -> Option<Signal> {
         // acknowledged write: nothing to replay.
         Attention::LuReset | Attention::NexusLoss => None,
         Attention::AccessChanged => Some(Signal::AccessChanged),
+        // The command that met it is sent again; the volume keeps the
+        // size it was opened at, as its NBD paths do, and a path that
+        // reconnects is checked against that size.
+        Attention::CapacityChanged => {
+            info!(
+                "the unit's capacity changed (2Ah/09h): the volume keeps the size it was \
+                 opened at until it is attached again"
+            );
+            None
+        }
         other => {
             warn!(?other, "unit attention");
             None

@@ -1,5 +1,6 @@
 //! NBD paths: a path is a set of NBD connections to one portal, each
-//! checked to lead to the volume (its identity, its size) and one probed
+//! checked to lead to the volume (its identity, and its size as
+//! `discover::size_fits` says: an image may grow under it) and one probed
 //! with a read before the path carries I/O; a failed path is fenced by a
 //! fresh connection to any portal that asks braid's target for
 //! `x-braid:fence` of the failed connections. Opening an NBD volume asks

@@ -138,7 +138,7 @@ pub(super) async fn start(plan: Plan, span: tracing::Span) -> Result<Volume, Ope
         ));
     }
     for (i, e) in &failures {
-        if matches!(e, ConnectError::NotSameVolume { .. }) {
+        if e.other_volume() {
             return Err(OpenError::Usage(e.to_string()));
         }
         let mut core = shared.lock();

@@ -41,7 +41,12 @@ pub(crate) async fn reconnect(shared: Arc<Shared>, path: PathId, after: Duration
     let mut core = shared.lock();
     core.paths[path.0].reconnecting = false;
     if let Err(e) = result {
-        debug!("reconnect failed: {}", crate::conn::chain(&e));
+        if e.other_volume() {
+            // Only an operator can mend this: say it each time.
+            warn!("reconnect refused: {}", crate::conn::chain(&e));
+        } else {
+            debug!("reconnect failed: {}", crate::conn::chain(&e));
+        }
         core.engine.reconnect_failed(path);
     }
     core.act(&shared);

@@ -1,6 +1,7 @@
 //! iSCSI paths: every path is an iSCSI session checked to lead to the
-//! same unit (VPD 0x83 identity and size). How a failed path is fenced
-//! depends on the unit (see `crate::iscsi::fence`): by logging in with its
+//! same unit (VPD 0x83 identity, and size as NBD's paths check it). How a
+//! failed path is fenced depends on the unit (see `crate::iscsi::fence`):
+//! by logging in with its
 //! session's ISID (with tgt, then LOGICAL UNIT RESET, whose unit attention
 //! the volume's own sessions take as the fence's), or
 //! (`--persistent-reservations`) by preempting its key, or not at all (its

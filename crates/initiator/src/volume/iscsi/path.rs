@@ -16,7 +16,7 @@ use tracing::warn;
 use super::alua::watch;
 use super::{lock, Expect};
 use crate::conn::ConnectError;
-use crate::discover::PathSpec;
+use crate::discover::{self, PathSpec};
 use crate::engine::{Access, Instance, PathId};
 use crate::iscsi::{self, access, Opened};
 use crate::volume::core::Shared;
@@ -45,15 +45,24 @@ pub(super) async fn dial(
     };
     let size = o.capacity.map(|c| c.bytes());
     let other_unit = x.identity.is_some() && o.identity != x.identity;
-    let other_size = size.is_some_and(|s| s != x.size)
-        || o.capacity.is_some_and(|c| c.block_size != x.block_size);
-    if other_unit || other_size {
+    // As NBD's paths: with the unit's identity matched, a grown unit
+    // serves the volume at the size it was opened at; a shrunk one never.
+    let identified = x.identity.as_ref().map(|i| format!("LUN {i}"));
+    let size_fits = match size {
+        Some(s) if !other_unit => discover::size_fits(&spec.portal, x.size, s, identified),
+        _ => Ok(()),
+    };
+    let other_block = o.capacity.is_some_and(|c| c.block_size != x.block_size);
+    if other_unit || other_block || size_fits.is_err() {
         o.conn.logout(Duration::from_secs(1)).await;
-        return Err(ConnectError::NotSameVolume {
-            portal: spec.portal.to_string(),
-            found: describe(&o.identity, size),
-            first: x.source.clone(),
-            expected: describe(&x.identity, Some(x.size)),
+        return Err(match size_fits {
+            Err(Some(shrank)) if !other_block => shrank,
+            _ => ConnectError::NotSameVolume {
+                portal: spec.portal.to_string(),
+                found: describe(&o.identity, size),
+                first: x.source.clone(),
+                expected: describe(&x.identity, Some(x.size)),
+            },
         });
     }
     if x.reservations {
