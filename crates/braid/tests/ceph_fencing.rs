@@ -439,8 +439,14 @@ fn a_gateways_status_shows_its_peers_and_its_metrics_the_live_gateways_and_fence
 
     // B dies; A fences it once its lease ran out.
     signal(b.pid(), libc::SIGKILL);
-    cephkit::eventually(Duration::from_secs(30), "A blocklisted B", || {
-        metric(&common::scrape(port), "braid_gateway_blocklists_total") == 1.0
+    // The blocklist is counted when it is issued, the barrier after every
+    // live gateway has the new map, and B leaves the live ones once its
+    // record is removed, in that order: wait for the last.
+    cephkit::eventually(Duration::from_secs(30), "A fenced B", || {
+        let s = common::scrape(port);
+        metric(&s, "braid_gateway_blocklists_total") == 1.0
+            && metric(&s, "braid_gateway_barrier_duration_seconds_count") >= 1.0
+            && metric(&s, "braid_gateway_live_gateways") == 1.0
     });
     let scrape = common::scrape(port);
     assert_eq!(
