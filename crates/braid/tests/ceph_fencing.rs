@@ -87,7 +87,7 @@ fn stalled_gateway(c: &cephkit::Cluster, env: &[(&str, &str)]) -> (u64, String, 
     rt.block_on(async {
         let vol = open_b_first(&a, &b_portal).await;
         vol.write(0, block(1), false).await.expect("version 1");
-        signal(b.pid(), libc::SIGSTOP);
+        common::stop(b.pid());
         // Sent to B, which holds it; the client gives up on B, has A fence
         // B's connections, and writes it again through A.
         vol.write(0, block(2), false)

@@ -41,7 +41,7 @@ fn start(file: &Path, state: &Path, port: u16, extra: &[&str]) -> Serve {
 /// The server stops on the spot, the power goes (no dirty sector kept),
 /// then the process is gone and power is back.
 fn power_cut(serve: &mut Serve, pc: &PowerCut) {
-    signal(serve.pid(), libc::SIGSTOP);
+    common::stop(serve.pid());
     pc.power_off(0.0, 1);
     signal(serve.pid(), libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -357,6 +357,32 @@ pub fn signal(pid: u32, sig: i32) {
     }
 }
 
+/// Stops `pid` (SIGSTOP) and returns once every one of its threads is
+/// stopped. A signal is acted on only when one of the process's threads
+/// runs: on a loaded machine another thread woken by a request can
+/// answer it first, so a test that means "the server stalls here" waits
+/// for the stop to be real before it sends anything more.
+#[allow(dead_code)]
+pub fn stop(pid: u32) {
+    signal(pid, libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return true;
+        };
+        tasks.flatten().all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the command name's closing parenthesis.
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            state.starts_with('T') || state.starts_with('t') || state.is_empty()
+        })
+    };
+    while !stopped() {
+        assert!(Instant::now() < deadline, "process {pid} did not stop on SIGSTOP");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + limit;
     loop {

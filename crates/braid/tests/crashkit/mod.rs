@@ -95,7 +95,7 @@ pub fn power_cut(
     keep: f64,
     seed: u64,
 ) -> braid_powercut::Cut {
-    crate::common::signal(serve.pid(), libc::SIGSTOP);
+    crate::common::stop(serve.pid());
     let cut = pc.power_off(keep, seed);
     crate::common::signal(serve.pid(), libc::SIGKILL);
     wait_dead(serve);
