@@ -28,6 +28,14 @@ mod report;
 
 use report::{handler, sample};
 
+/// Every front end `braid serve` can run, as each states itself. A new
+/// front end is added here, beside the lines below that start it; the log
+/// level directive reads its log target from here (`crate::logging`).
+pub const FRONT_ENDS: [braid_store::Capabilities; 2] = [
+    braid_nbd_target::CAPABILITIES,
+    braid_iscsi_target::CAPABILITIES,
+];
+
 /// `braid serve`, checked.
 struct ServeConfig {
     listen: Vec<ListenSpec>,
