@@ -428,11 +428,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             })
             .collect();
         let iscsi_handle = iscsi.as_ref().map(|(_, h)| h.clone());
+        let front_ends: report::FrontEnds = {
+            let iscsi = iscsi_handle.clone();
+            Arc::new(move || crate::ctl::FrontEndStatus {
+                iscsi: iscsi.as_ref().map(crate::iscsi::status),
+            })
+        };
         let handler = handler(
             registry,
             target.exports(),
             portals_shown,
             iscsi_handle,
+            front_ends,
             rates,
         );
         let _control = control::serve(&cfg.control, handler.clone())?;
