@@ -24,6 +24,7 @@ use crate::control;
 use crate::rates::Rates;
 
 mod console;
+mod iscsi;
 mod report;
 
 use report::{handler, sample};
@@ -291,7 +292,7 @@ impl ServeConfig {
         let iscsi_chap = args
             .iscsi_chap
             .or(file.iscsi_chap)
-            .map(|p| crate::iscsi::chap_credentials(&p))
+            .map(|p| config::chap_credentials(&p))
             .transpose()?;
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
@@ -305,7 +306,7 @@ impl ServeConfig {
             Some(_) if iscsi.is_none() => {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
             }
-            Some(p) => crate::iscsi::iqn_prefix(&p).map_err(usage)?,
+            Some(p) => iscsi::iqn_prefix(&p).map_err(usage)?,
             None => braid_iscsi_target::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
@@ -390,7 +391,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     limits: cfg.limits.clone(),
                     instance: target.instance().0,
                 };
-                Some(crate::iscsi::start(&target, &portals, port, settings).await?)
+                Some(iscsi::start(&target, &portals, port, settings).await?)
             }
             None => None,
         };
@@ -431,7 +432,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let front_ends: report::FrontEnds = {
             let iscsi = iscsi_handle.clone();
             Arc::new(move || crate::ctl::FrontEndStatus {
-                iscsi: iscsi.as_ref().map(crate::iscsi::status),
+                iscsi: iscsi.as_ref().map(iscsi::status),
             })
         };
         let handler = handler(

@@ -56,7 +56,7 @@ pub(super) fn handler(
         match req {
             ctl::Request::Status => {}
             ctl::Request::Alua { portal, state } => {
-                let ack = crate::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
+                let ack = super::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
                 return serde_json::to_value(ack).unwrap_or_default();
             }
             _ => {
