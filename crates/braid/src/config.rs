@@ -318,3 +318,58 @@ pub struct ChapFile {
     pub target_user: Option<String>,
     pub target_secret: Option<String>,
 }
+
+/// Reads a CHAP credentials file: secrets of 12 to 255 bytes (RFC 7143
+/// asks at least 96 bits of a secret shared with a remote peer).
+pub fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Credentials> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the CHAP file {}", path.display()))?;
+    let f: ChapFile =
+        toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
+    let check = |what: &str, s: &str| {
+        if (12..=255).contains(&s.len()) {
+            Ok(s.as_bytes().to_vec())
+        } else {
+            Err(usage(format!(
+                "{}: {what} is {} bytes; CHAP secrets must be 12 to 255 bytes",
+                path.display(),
+                s.len()
+            )))
+        }
+    };
+    let secret = check("secret", &f.secret)?;
+    let mutual = match (f.target_user, f.target_secret) {
+        (Some(u), Some(s)) => Some((u, check("target_secret", &s)?)),
+        (None, None) => None,
+        _ => {
+            return Err(usage(format!(
+                "{}: mutual CHAP needs both target_user and target_secret",
+                path.display()
+            )))
+        }
+    };
+    if mutual.as_ref().is_some_and(|(_, s)| *s == secret) {
+        return Err(usage(format!(
+            "{}: target_secret must differ from secret (RFC 7143)",
+            path.display()
+        )));
+    }
+    if let Ok(meta) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                "{} can be read by other users; chmod 600 it",
+                path.display()
+            );
+        }
+    }
+    Ok(braid_iscsi::chap::Credentials {
+        user: f.user,
+        secret,
+        mutual,
+    })
+}
+
+fn usage(msg: String) -> anyhow::Error {
+    UsageError(msg).into()
+}

@@ -190,7 +190,11 @@ pub async fn find_iscsi_portal(portal: &str) -> Result<PathBuf> {
     let mut known = Vec::new();
     for (path, status) in discover().await {
         if let Status::Serve {
-            iscsi: Some(iscsi), ..
+            front_ends:
+                crate::ctl::FrontEndStatus {
+                    iscsi: Some(iscsi), ..
+                },
+            ..
         } = &status
         {
             for p in &iscsi.portals {

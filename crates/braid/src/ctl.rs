@@ -89,10 +89,21 @@ pub enum Status {
         portals: Vec<String>,
         exports: Vec<ExportStatus>,
         connections: Vec<ConnStatus>,
-        /// The iSCSI side, when served.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        iscsi: Option<IscsiStatus>,
+        /// Each front end's own figures beside NBD's, under its own key.
+        #[serde(flatten)]
+        front_ends: FrontEndStatus,
     },
+}
+
+/// The front ends' own parts of a serve's status, each under its own key
+/// of the serve's object, and absent when that front end is not served.
+/// Flattened into the serve's object, so it cannot refuse unknown fields
+/// itself; each part's own struct does.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FrontEndStatus {
+    /// The iSCSI side, when served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iscsi: Option<IscsiStatus>,
 }
 
 /// A serve's iSCSI targets and portals.

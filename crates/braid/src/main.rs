@@ -20,7 +20,6 @@ mod ctl;
 mod demo;
 mod doctor;
 mod gateway;
-mod iscsi;
 mod logging;
 mod manual;
 mod metrics;

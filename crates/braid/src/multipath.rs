@@ -29,7 +29,7 @@ pub fn config(uri: &str, args: &MultipathArgs) -> Result<VolumeConfig> {
     }
     let mut cfg = VolumeConfig::new(uri);
     if let Some(f) = &args.chap_secret_file {
-        cfg.chap = Some(crate::iscsi::chap_credentials(f)?);
+        cfg.chap = Some(crate::config::chap_credentials(f)?);
     }
     cfg.initiator_name = args.initiator_name.clone();
     cfg.persistent_reservations = args.persistent_reservations;

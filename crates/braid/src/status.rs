@@ -89,14 +89,14 @@ pub fn render(s: &Status) -> String {
             portals,
             exports,
             connections,
-            iscsi,
+            front_ends,
             ..
         } => {
             out.push_str(&format!("braid serve pid {pid}\n"));
             for p in portals {
                 out.push_str(&format!("  portal {p}\n"));
             }
-            for p in iscsi.iter().flat_map(|i| &i.portals) {
+            for p in front_ends.iscsi.iter().flat_map(|i| &i.portals) {
                 out.push_str(&format!(
                     "  iSCSI portal {} group {} {}\n",
                     p.portal, p.group, p.state

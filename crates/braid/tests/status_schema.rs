@@ -45,7 +45,8 @@ fn ask(control: &Path, line: &str) -> serde_json::Value {
 fn serve_and_attach_status_fit_the_typed_schema() {
     let dir = tempfile::tempdir().unwrap();
     let serve_ctl = dir.path().join("serve.sock");
-    let serve = Serve::start(&["--control", serve_ctl.to_str().unwrap()]);
+    // With iSCSI, whose part of the status is a front end's own key.
+    let serve = Serve::start(&["--control", serve_ctl.to_str().unwrap(), "--iscsi", "0"]);
     let attach = Attach::start(None, &serve.uri("vol"), "vol", &[]);
 
     let seen = status_json(&serve_ctl);
@@ -55,9 +56,13 @@ fn serve_and_attach_status_fit_the_typed_schema() {
             portals,
             exports,
             connections,
+            front_ends,
             ..
         }] => {
             assert_eq!(portals.len(), 1);
+            let iscsi = front_ends.iscsi.as_ref().expect("the iSCSI side");
+            assert_eq!(iscsi.portals.len(), 1, "{iscsi:?}");
+            assert!(iscsi.targets[0].ends_with(":vol"), "{iscsi:?}");
             assert_eq!(exports[0].name, "vol");
             assert!(!connections.is_empty(), "the attach's connection is listed");
             assert!(connections
@@ -77,6 +82,12 @@ fn serve_and_attach_status_fit_the_typed_schema() {
         }
         other => panic!("not one attach: {other:?}"),
     }
+
+    // The iSCSI part sits under "iscsi" in the serve's own object, where
+    // it has always been, not under a key of the type that holds it.
+    let raw = ask(&serve_ctl, r#"{"op":"status"}"#);
+    assert!(raw["iscsi"]["portals"][0]["state"].is_string(), "{raw}");
+    assert!(raw.get("front_ends").is_none(), "{raw}");
 
     // Requests: typed answers, and mistakes answered, not dropped.
     let ack: ctl::Ack = serde_json::from_value(ask(

@@ -39,13 +39,14 @@ use braid_store::portal::Portal;
 use braid_store::{access, backend, export, hold};
 
 /// What braid's iSCSI target serves: no TLS (CHAP authenticates but does
-/// not encrypt), no fencing across Ceph gateways yet, and only storage on
-/// this host.
+/// not encrypt), no fencing across Ceph gateways yet, and every kind of
+/// storage (a multipath volume of `braid attach` as well as this host's).
 pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
     protocol: "iSCSI",
     tls: false,
     fenced_across_gateways: false,
     forwarded: true,
+    log_target: module_path!(),
 };
 
 pub use ports::AluaError;

@@ -14,3 +14,14 @@ mod server;
 use braid_store::{backend, export, portal};
 pub use conn::ConnError;
 pub use server::{StopHandle, Target};
+
+/// What braid's NBD server serves: over TLS when given a certificate,
+/// RBD images from several gateways at once (its connections answer the
+/// gateways' fences), and every kind of storage, forwarded too.
+pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
+    protocol: "NBD",
+    tls: true,
+    fenced_across_gateways: true,
+    forwarded: true,
+    log_target: module_path!(),
+};

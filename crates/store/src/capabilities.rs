@@ -15,4 +15,8 @@ pub struct Capabilities {
     /// It serves forwarded storage (a multipath volume, `braid attach`) as
     /// well as storage on this host.
     pub forwarded: bool,
+    /// The `tracing` target its log lines carry (its crate's
+    /// `module_path!()`), so the binary can set its level without naming
+    /// each front end: `braid demo` keeps every one at warnings.
+    pub log_target: &'static str,
 }

@@ -105,11 +105,14 @@ impl ServeSource {
         loop {
             tick.tick().await;
             let Some(Status::Serve {
-                connections, iscsi, ..
+                connections,
+                front_ends,
+                ..
             }) = self.status()
             else {
                 continue;
             };
+            let iscsi = front_ends.iscsi;
             let now: HashSet<&str> = connections.iter().map(|c| c.id.as_str()).collect();
             for c in &connections {
                 if !conns.contains_key(&c.id) && !first {
@@ -174,7 +177,7 @@ impl Source for ServeSource {
         let Some(Status::Serve {
             exports,
             connections,
-            iscsi,
+            front_ends,
             ..
         }) = self.status()
         else {
@@ -212,7 +215,7 @@ impl Source for ServeSource {
                 }
             })
             .collect();
-        for p in iscsi.iter().flat_map(|i| &i.portals) {
+        for p in front_ends.iscsi.iter().flat_map(|i| &i.portals) {
             let (n, r, w) = clients(&p.portal);
             portals.push(PortalView {
                 address: p.portal.clone(),

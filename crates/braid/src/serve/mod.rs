@@ -24,9 +24,18 @@ use crate::control;
 use crate::rates::Rates;
 
 mod console;
+mod iscsi;
 mod report;
 
 use report::{handler, sample};
+
+/// Every front end `braid serve` can run, as each states itself. A new
+/// front end is added here, beside the lines below that start it; the log
+/// level directive reads its log target from here (`crate::logging`).
+pub const FRONT_ENDS: [braid_store::Capabilities; 2] = [
+    braid_nbd_target::CAPABILITIES,
+    braid_iscsi_target::CAPABILITIES,
+];
 
 /// `braid serve`, checked.
 struct ServeConfig {
@@ -283,7 +292,7 @@ impl ServeConfig {
         let iscsi_chap = args
             .iscsi_chap
             .or(file.iscsi_chap)
-            .map(|p| crate::iscsi::chap_credentials(&p))
+            .map(|p| config::chap_credentials(&p))
             .transpose()?;
         if iscsi_chap.is_some() && iscsi.is_none() {
             return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
@@ -297,7 +306,7 @@ impl ServeConfig {
             Some(_) if iscsi.is_none() => {
                 return Err(usage("iscsi_iqn without iscsi: set the iSCSI port too"))
             }
-            Some(p) => crate::iscsi::iqn_prefix(&p).map_err(usage)?,
+            Some(p) => iscsi::iqn_prefix(&p).map_err(usage)?,
             None => braid_iscsi_target::DEFAULT_IQN_PREFIX.to_owned(),
         };
         Ok(Self {
@@ -382,7 +391,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     limits: cfg.limits.clone(),
                     instance: target.instance().0,
                 };
-                Some(crate::iscsi::start(&target, &portals, port, settings).await?)
+                Some(iscsi::start(&target, &portals, port, settings).await?)
             }
             None => None,
         };
@@ -420,11 +429,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             })
             .collect();
         let iscsi_handle = iscsi.as_ref().map(|(_, h)| h.clone());
+        let front_ends: report::FrontEnds = {
+            let iscsi = iscsi_handle.clone();
+            Arc::new(move || crate::ctl::FrontEndStatus {
+                iscsi: iscsi.as_ref().map(iscsi::status),
+            })
+        };
         let handler = handler(
             registry,
             target.exports(),
             portals_shown,
             iscsi_handle,
+            front_ends,
             rates,
         );
         let _control = control::serve(&cfg.control, handler.clone())?;

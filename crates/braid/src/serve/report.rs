@@ -38,11 +38,17 @@ pub(super) async fn sample(
     }
 }
 
+/// Each front end's own figures, read at every status request.
+pub(super) type FrontEnds = Arc<dyn Fn() -> crate::ctl::FrontEndStatus + Send + Sync>;
+
+/// The control socket's answers: status for every front end, and ALUA
+/// changes for iSCSI's portals (`iscsi`, when served).
 pub(super) fn handler(
     registry: Arc<braid_store::registry::Registry>,
     exports: Arc<Exports>,
     portals: Vec<String>,
     iscsi: Option<braid_iscsi_target::IscsiHandle>,
+    front_ends: FrontEnds,
     rates: Arc<Mutex<Rates>>,
 ) -> control::Handler {
     use crate::ctl;
@@ -50,7 +56,7 @@ pub(super) fn handler(
         match req {
             ctl::Request::Status => {}
             ctl::Request::Alua { portal, state } => {
-                let ack = crate::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
+                let ack = super::iscsi::set_alua(iscsi.as_ref(), &portal, &state);
                 return serde_json::to_value(ack).unwrap_or_default();
             }
             _ => {
@@ -103,7 +109,7 @@ pub(super) fn handler(
             portals: portals.clone(),
             exports,
             connections,
-            iscsi: iscsi.as_ref().map(crate::iscsi::status),
+            front_ends: front_ends(),
         };
         serde_json::to_value(status).unwrap_or_default()
     })

@@ -1,20 +1,16 @@
 //! `braid serve --iscsi`: the iSCSI portals started beside NBD's (the
-//! same addresses, another port), the CHAP credentials file, and the
-//! operator's ALUA control (`braid alua`, through the control socket).
+//! same addresses, another port), the target name prefix, the operator's
+//! ALUA control (`braid alua`, through the control socket) and the iSCSI
+//! part of `braid status`.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use braid_iscsi::scsi::AccessState;
 use braid_iscsi_target::{IscsiHandle, IscsiServer};
 use braid_nbd_target::Target;
 use braid_store::portal::Portal;
 use tracing::{info, warn};
 
-use crate::cli::UsageError;
 use crate::ctl;
-
-fn usage(msg: impl Into<String>) -> anyhow::Error {
-    UsageError(msg.into()).into()
-}
 
 /// Starts the iSCSI portals: every NBD portal's address (and device) at
 /// `port`.
@@ -128,57 +124,6 @@ pub fn status(iscsi: &IscsiHandle) -> ctl::IscsiStatus {
             })
             .collect(),
     }
-}
-
-/// Reads a CHAP credentials file: secrets of 12 to 255 bytes (RFC 7143
-/// asks at least 96 bits of a secret shared with a remote peer).
-pub fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Credentials> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the CHAP file {}", path.display()))?;
-    let f: crate::config::ChapFile =
-        toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
-    let check = |what: &str, s: &str| {
-        if (12..=255).contains(&s.len()) {
-            Ok(s.as_bytes().to_vec())
-        } else {
-            Err(usage(format!(
-                "{}: {what} is {} bytes; CHAP secrets must be 12 to 255 bytes",
-                path.display(),
-                s.len()
-            )))
-        }
-    };
-    let secret = check("secret", &f.secret)?;
-    let mutual = match (f.target_user, f.target_secret) {
-        (Some(u), Some(s)) => Some((u, check("target_secret", &s)?)),
-        (None, None) => None,
-        _ => {
-            return Err(usage(format!(
-                "{}: mutual CHAP needs both target_user and target_secret",
-                path.display()
-            )))
-        }
-    };
-    if mutual.as_ref().is_some_and(|(_, s)| *s == secret) {
-        return Err(usage(format!(
-            "{}: target_secret must differ from secret (RFC 7143)",
-            path.display()
-        )));
-    }
-    if let Ok(meta) = std::fs::metadata(path) {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            warn!(
-                "{} can be read by other users; chmod 600 it",
-                path.display()
-            );
-        }
-    }
-    Ok(braid_iscsi::chap::Credentials {
-        user: f.user,
-        secret,
-        mutual,
-    })
 }
 
 #[cfg(test)]
