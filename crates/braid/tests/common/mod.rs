@@ -378,7 +378,10 @@ pub fn stop(pid: u32) {
         })
     };
     while !stopped() {
-        assert!(Instant::now() < deadline, "process {pid} did not stop on SIGSTOP");
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop on SIGSTOP"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
 }
