@@ -100,6 +100,26 @@ pub struct Extent {
     pub zero: bool,
 }
 
+impl Extent {
+    /// Allocated, contents unknown.
+    pub const fn data(len: u64) -> Self {
+        Self {
+            len,
+            hole: false,
+            zero: false,
+        }
+    }
+
+    /// Not allocated, so it reads as zeroes.
+    pub const fn unallocated(len: u64) -> Self {
+        Self {
+            len,
+            hole: true,
+            zero: true,
+        }
+    }
+}
+
 /// How an operation failed, as its caller can act on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

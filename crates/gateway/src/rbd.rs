@@ -12,8 +12,6 @@
 
 use std::io;
 
-use braid_proto::wire::state;
-
 use braid_pool::Buf;
 
 use crate::RbdVolume;
@@ -103,7 +101,7 @@ impl Backend for RbdVolume {
             .saturating_add(len.min(MAX_STATUS))
             .min(self.size.get());
         if offset >= end {
-            return Ok(vec![Extent { len: 1, flags: 0 }]);
+            return Ok(vec![Extent::data(1)]);
         }
         let mut found: Vec<(u64, u64)> = Vec::new();
         self.check(
@@ -157,15 +155,14 @@ impl Backend for RbdVolume {
 /// `[offset, end)` as data where `found` says so, holes (reading as
 /// zeroes) between. `found` is in order and may overlap or run past.
 fn runs(offset: u64, end: u64, found: &[(u64, u64)]) -> Vec<Extent> {
-    let hole = state::HOLE | state::ZERO;
     let mut out: Vec<Extent> = Vec::new();
-    let mut push = |len: u64, flags: u32| {
-        if len == 0 {
+    let mut push = |e: Extent| {
+        if e.len == 0 {
             return;
         }
         match out.last_mut() {
-            Some(last) if last.flags == flags => last.len += len,
-            _ => out.push(Extent { len, flags }),
+            Some(last) if (last.hole, last.zero) == (e.hole, e.zero) => last.len += e.len,
+            _ => out.push(e),
         }
     };
     let mut pos = offset;
@@ -174,11 +171,11 @@ fn runs(offset: u64, end: u64, found: &[(u64, u64)]) -> Vec<Extent> {
         if stop <= start {
             continue;
         }
-        push(start - pos, hole);
-        push(stop - start, 0);
+        push(Extent::unallocated(start - pos));
+        push(Extent::data(stop - start));
         pos = stop;
     }
-    push(end - pos, hole);
+    push(Extent::unallocated(end - pos));
     out
 }
 
@@ -188,13 +185,12 @@ mod tests {
 
     #[test]
     fn allocation_becomes_data_and_holes() {
-        let hole = state::HOLE | state::ZERO;
-        let e = |len, flags| Extent { len, flags };
-        assert_eq!(runs(0, 100, &[]), vec![e(100, hole)]);
+        let (data, hole) = (Extent::data, Extent::unallocated);
+        assert_eq!(runs(0, 100, &[]), vec![hole(100)]);
         assert_eq!(
             runs(10, 100, &[(0, 20), (20, 10), (50, 500)]),
-            vec![e(20, 0), e(20, hole), e(50, 0)]
+            vec![data(20), hole(20), data(50)]
         );
-        assert_eq!(runs(0, 10, &[(0, 10)]), vec![e(10, 0)]);
+        assert_eq!(runs(0, 10, &[(0, 10)]), vec![data(10)]);
     }
 }

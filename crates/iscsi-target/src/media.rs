@@ -240,10 +240,7 @@ async fn lba_status(e: Arc<Export>, unit: &Unit, lba: u64, alloc: u32) -> Outcom
             let mut extents = done.extents;
             if extents.is_empty() {
                 // Storage that cannot tell holes from data: all mapped.
-                extents.push(Extent {
-                    len: span,
-                    flags: 0,
-                });
+                extents.push(Extent::data(span));
             }
             let mut runs = Vec::new();
             let mut at = offset;
@@ -257,7 +254,7 @@ async fn lba_status(e: Arc<Export>, unit: &Unit, lba: u64, alloc: u32) -> Outcom
                 if blocks == 0 {
                     break;
                 }
-                let hole = e.hole();
+                let hole = e.hole;
                 runs.push((at / u64::from(BLOCK), blocks, hole));
                 at += bytes(blocks);
             }

@@ -416,6 +416,24 @@ pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub mod state {
     pub const HOLE: u32 = 1 << 0;
     pub const ZERO: u32 = 1 << 1;
+
+    /// The one place a neutral extent's allocation becomes these flags.
+    pub fn of(e: &braid_block::Extent) -> u32 {
+        let hole = if e.hole { HOLE } else { 0 };
+        let zero = if e.zero { ZERO } else { 0 };
+        hole | zero
+    }
+
+    /// What these flags say of `len` bytes, in the words every part of
+    /// braid speaks; bits of other meanings are not allocation's, so
+    /// they are left out.
+    pub fn extent(len: u64, flags: u32) -> braid_block::Extent {
+        braid_block::Extent {
+            len,
+            hole: flags & HOLE != 0,
+            zero: flags & ZERO != 0,
+        }
+    }
 }
 
 /// The error values a reply may carry (spec: "Error values").
@@ -596,6 +614,24 @@ mod tests {
         }
         assert_eq!(Errno::from_kind(K::OutOfRange), Errno::Inval);
         assert_eq!(Errno::Other(7).kind(), K::Invalid);
+    }
+
+    #[test]
+    fn neutral_extents_and_allocation_flags_map_both_ways() {
+        let zeroes = |len| braid_block::Extent {
+            len,
+            hole: false,
+            zero: true,
+        };
+        for flags in 0..4 {
+            let e = state::extent(9, flags);
+            assert_eq!(e.len, 9);
+            assert_eq!(state::of(&e), flags);
+        }
+        let hole = braid_block::Extent::unallocated(1);
+        assert_eq!(state::of(&hole), state::HOLE | state::ZERO);
+        assert_eq!(state::extent(1, 1 << 7 | state::ZERO), zeroes(1));
+        assert_eq!(state::extent(1, 1 << 7), braid_block::Extent::data(1));
     }
 
     #[test]

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
+use braid_proto::wire::state;
 use braid_proto::TransmissionFlags;
-use braid_store::backend::Extent;
 use braid_store::exec::Job;
 use braid_store::rangelock::RangeLock;
 use braid_store::{Abilities, Done, Geometry, Storage, Submitted};
@@ -70,10 +70,7 @@ impl Storage for VolumeForward {
                     .status
                     .into_iter()
                     .flat_map(|s| s.extents)
-                    .map(|e| Extent {
-                        len: u64::from(e.length),
-                        flags: e.flags,
-                    })
+                    .map(|e| state::extent(u64::from(e.length), e.flags))
                     .collect(),
             })
         })

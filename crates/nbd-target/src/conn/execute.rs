@@ -7,6 +7,7 @@
 use std::io;
 
 use braid_proto::reply::{encode, BlockStatus, Extent as WireExtent};
+use braid_proto::wire::state;
 use std::sync::Arc;
 
 use braid_block::{Error, ErrorKind, Op};
@@ -287,7 +288,8 @@ pub(crate) fn block_status_reply(
 
 /// Fits backend extents into the request's `len`: lengths as u32, the sum
 /// exactly `len`, no zero-length extent; a backend that said too little
-/// gets its last run extended as data (status 0 is always safe).
+/// gets its last run extended as data (status 0 is always safe). The one
+/// place the NBD server turns allocation into `base:allocation` flags.
 fn clamp(found: &[crate::backend::Extent], len: u64) -> Vec<WireExtent> {
     let mut out: Vec<WireExtent> = Vec::new();
     let mut covered = 0u64;
@@ -300,11 +302,12 @@ fn clamp(found: &[crate::backend::Extent], len: u64) -> Vec<WireExtent> {
             continue;
         }
         covered += take;
+        let flags = state::of(e);
         match out.last_mut() {
-            Some(last) if last.flags == e.flags => last.length += take as u32,
+            Some(last) if last.flags == flags => last.length += take as u32,
             _ => out.push(WireExtent {
                 length: take as u32,
-                flags: e.flags,
+                flags,
             }),
         }
     }
@@ -322,7 +325,6 @@ mod tests {
     use super::*;
     use crate::backend::{Extent, FileBackend, ZeroError};
     use braid_proto::reply::ReplyHeader;
-    use braid_proto::wire::state;
 
     fn pooled(data: &[u8]) -> Buf {
         let mut b = Pool::global().get(data.len());
@@ -356,16 +358,7 @@ mod tests {
     fn clamp_fills_and_trims() {
         let hole = state::HOLE | state::ZERO;
         assert_eq!(
-            clamp(
-                &[
-                    Extent {
-                        len: 10,
-                        flags: hole
-                    },
-                    Extent { len: 100, flags: 0 }
-                ],
-                50
-            ),
+            clamp(&[Extent::unallocated(10), Extent::data(100)], 50),
             vec![
                 WireExtent {
                     length: 10,
@@ -378,13 +371,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            clamp(
-                &[Extent {
-                    len: 5,
-                    flags: hole
-                }],
-                8
-            ),
+            clamp(&[Extent::unallocated(5)], 8),
             vec![
                 WireExtent {
                     length: 5,

@@ -12,8 +12,6 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 
-use braid_proto::wire::state;
-
 use super::durable::Durability;
 use super::{Backend, Caps, Extent, ZeroError};
 
@@ -356,12 +354,8 @@ impl Backend for FileBackend {
     fn extents(&self, offset: u64, len: u64) -> io::Result<Vec<Extent>> {
         let end = offset.saturating_add(len).min(self.size);
         if self.block_device || offset >= end {
-            return Ok(vec![Extent {
-                len: end.saturating_sub(offset).max(1),
-                flags: 0,
-            }]);
+            return Ok(vec![Extent::data(end.saturating_sub(offset).max(1))]);
         }
-        let hole = state::HOLE | state::ZERO;
         let mut out = Vec::new();
         let mut pos = offset;
         while pos < end && out.len() < MAX_EXTENTS {
@@ -369,37 +363,25 @@ impl Backend for FileBackend {
                 Ok(d) => d,
                 // No SEEK_DATA here: report everything as data.
                 Err(e) if unsupported(&e) => {
-                    out.push(Extent {
-                        len: end - pos,
-                        flags: 0,
-                    });
+                    out.push(Extent::data(end - pos));
                     break;
                 }
                 Err(e) => return Err(e),
             };
             match data {
                 None => {
-                    out.push(Extent {
-                        len: end - pos,
-                        flags: hole,
-                    });
+                    out.push(Extent::unallocated(end - pos));
                     pos = end;
                 }
                 Some(d) if d > pos => {
                     let stop = d.min(end);
-                    out.push(Extent {
-                        len: stop - pos,
-                        flags: hole,
-                    });
+                    out.push(Extent::unallocated(stop - pos));
                     pos = stop;
                 }
                 Some(_) => {
                     let h = self.lseek(pos, libc::SEEK_HOLE)?.unwrap_or(self.size);
                     let stop = h.min(end).max(pos + 1);
-                    out.push(Extent {
-                        len: stop - pos,
-                        flags: 0,
-                    });
+                    out.push(Extent::data(stop - pos));
                     pos = stop;
                 }
             }
@@ -455,8 +437,8 @@ mod tests {
         // Somewhere in there is data, and the start is a hole (on file
         // systems without SEEK_DATA everything is data: accept that too).
         if ext.len() > 1 {
-            assert_eq!(ext[0].flags, state::HOLE | state::ZERO);
-            assert!(ext.iter().any(|e| e.flags == 0));
+            assert_eq!(ext[0], Extent::unallocated(ext[0].len));
+            assert!(ext.iter().any(|e| *e == Extent::data(e.len)));
         }
     }
 
@@ -494,10 +476,8 @@ mod tests {
         m.read_at(&mut buf, 1 << 39).unwrap();
         assert!(buf.iter().all(|&b| b == 0));
         assert_eq!(m.allocated().unwrap(), 0);
-        assert_eq!(
-            m.extents(0, 1 << 20).unwrap()[0].flags,
-            state::HOLE | state::ZERO
-        );
+        let first = m.extents(0, 1 << 20).unwrap()[0];
+        assert_eq!(first, Extent::unallocated(first.len));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! the `rbd` feature) a Ceph RBD image.
 //!
 //! Backends are synchronous and assume valid input: offsets and lengths
-//! were checked against the export at the protocol edge
-//! ([`braid_proto::Request::validate`]) before any call reaches them.
+//! were checked against the export by the front end, at its protocol's
+//! edge, before any call reaches them.
 
 mod durable;
 mod file;
@@ -40,20 +40,9 @@ pub enum ZeroError {
     Io(#[from] io::Error),
 }
 
-/// One run of equal allocation status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Extent {
-    pub len: u64,
-    /// `base:allocation` flags (`NBD_STATE_HOLE`, `NBD_STATE_ZERO`).
-    pub flags: u32,
-}
-
-impl Extent {
-    /// Not allocated: reading it costs the storage nothing.
-    pub fn hole(&self) -> bool {
-        self.flags & braid_proto::wire::state::HOLE != 0
-    }
-}
+/// One run of equal allocation status, in the words every front end
+/// maps to its own (NBD's `base:allocation`, SCSI's GET LBA STATUS).
+pub use braid_block::Extent;
 
 /// Storage behind an export.
 ///
