@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use braid_initiator::Volume;
-use braid_proto::wire::state;
 use braid_store::source::{format_size, parse_size};
 use sha2::{Digest, Sha256};
 use tokio::task::JoinSet;
@@ -226,8 +225,8 @@ async fn zero_ranges(src: &Side, size: u64) -> Vec<(u64, u64)> {
                     break;
                 }
                 for e in extents {
-                    let len = u64::from(e.length).min(size - at);
-                    if e.flags & state::ZERO != 0 {
+                    let len = e.len.min(size - at);
+                    if e.zero {
                         push_range(&mut out, at, at + len);
                     }
                     at += len;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use braid_initiator::Volume;
-use braid_proto::wire::state;
 use braid_proto::TransmissionFlags;
 use bytes::{Bytes, BytesMut};
 
@@ -185,10 +184,10 @@ impl Side {
                     Ok(extents) => {
                         let mut covered = 0u64;
                         for e in extents {
-                            if e.flags & state::ZERO == 0 {
+                            if !e.zero {
                                 return false;
                             }
-                            covered += u64::from(e.length);
+                            covered += e.len;
                             if covered >= len {
                                 return true;
                             }

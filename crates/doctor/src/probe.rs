@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use braid_initiator::conn::{self, Sink, TlsClient};
 use braid_initiator::discover::PathSpec;
-use braid_proto::reply::BlockStatus;
 use braid_proto::{ClientConfig, CmdFlags, Command, Cookie, Request};
 use bytes::Bytes;
 use tokio::sync::mpsc;
@@ -204,7 +203,7 @@ impl Sink for Counting {
     }
     // A hole crossed no wire: not counted.
     fn hole(&self, _: Cookie, _: u64, _: u32) {}
-    fn extents(&self, _: Cookie, _: BlockStatus) {}
+    fn extents(&self, _: Cookie, _: Vec<braid_block::Extent>) {}
     fn done(&self, cookie: Cookie, error: Option<braid_block::Error>) {
         let _ = self
             .done

@@ -305,12 +305,7 @@ pub async fn connect_path(
             expected: format!("{} bytes", expect.size),
         }));
     }
-    let allocation = n
-        .outcome
-        .contexts
-        .iter()
-        .find(|c| c.name == braid_proto::server::BASE_ALLOCATION)
-        .map(|c| c.id);
+    let allocation = n.allocation();
     Ok(PathConn {
         negotiated: n,
         server_id,

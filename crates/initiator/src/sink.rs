@@ -6,8 +6,7 @@
 //! these calls, each in one place; the volume's sink takes them to the
 //! engine without knowing which protocol spoke.
 
-use braid_block::{Error, ErrorKind};
-use braid_proto::reply::BlockStatus;
+use braid_block::{Error, ErrorKind, Extent};
 use braid_proto::Cookie;
 use bytes::Bytes;
 
@@ -43,7 +42,9 @@ pub trait Sink: Send + Sync + 'static {
     }
     /// `len` bytes of zeroes at absolute `offset`.
     fn hole(&self, cookie: Cookie, offset: u64, len: u32);
-    fn extents(&self, cookie: Cookie, status: BlockStatus);
+    /// Allocation from the request's offset on, in order (NBD's
+    /// `base:allocation`; answers for other contexts are not passed on).
+    fn extents(&self, cookie: Cookie, extents: Vec<Extent>);
     /// The reply is complete; `error` is the first error it carried.
     fn done(&self, cookie: Cookie, error: Option<Error>);
     /// The port cannot serve the unit now (`access`): the request was not

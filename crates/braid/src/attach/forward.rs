@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use braid_proto::wire::state;
 use braid_proto::TransmissionFlags;
 use braid_store::exec::Job;
 use braid_store::rangelock::RangeLock;
@@ -66,12 +65,7 @@ impl Storage for VolumeForward {
                 .map_err(|e| braid_block::Error::new(e.kind(), e.to_string()))?;
             Ok(Done {
                 data: done.data,
-                extents: done
-                    .status
-                    .into_iter()
-                    .flat_map(|s| s.extents)
-                    .map(|e| state::extent(u64::from(e.length), e.flags))
-                    .collect(),
+                extents: done.extents,
             })
         })
     }

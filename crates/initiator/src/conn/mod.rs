@@ -8,7 +8,6 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use braid_proto::reply::BlockStatus;
 use braid_proto::wire::REQUEST_HEADER_LEN;
 use braid_proto::{
     ClientConfig, ClientEvent, ClientHandshake, ClientOutcome, CmdFlags, Command, Cookie,
@@ -312,6 +311,17 @@ pub struct Negotiated {
     pub outcome: ClientOutcome,
 }
 
+impl Negotiated {
+    /// Context id of `base:allocation`, when selected.
+    pub fn allocation(&self) -> Option<u32> {
+        self.outcome
+            .contexts
+            .iter()
+            .find(|c| c.name == braid_proto::server::BASE_ALLOCATION)
+            .map(|c| c.id)
+    }
+}
+
 /// Runs the client handshake over `stream`.
 ///
 /// # Errors
@@ -438,7 +448,7 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
         let mut errors = Default::default();
         let mut rd = (&mut prefix).chain(&mut n.stream);
         loop {
-            if !read_one(&mut rd, len.max(4096), &sink, &mut errors).await? {
+            if !read_one(&mut rd, len.max(4096), None, &sink, &mut errors).await? {
                 return Err("the server closed the connection".to_string());
             }
             if let Some(result) = sink.result.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -466,7 +476,7 @@ impl Sink for ProbeSink {
     }
     fn data(&self, _: Cookie, _: Option<u64>, _: Bytes) {}
     fn hole(&self, _: Cookie, _: u64, _: u32) {}
-    fn extents(&self, _: Cookie, _: BlockStatus) {}
+    fn extents(&self, _: Cookie, _: Vec<braid_block::Extent>) {}
     fn done(&self, cookie: Cookie, error: Option<braid_block::Error>) {
         if cookie == PROBE_COOKIE {
             *self.result.lock().unwrap_or_else(|p| p.into_inner()) =

@@ -10,7 +10,7 @@ use braid_block::Error;
 use braid_proto::reply::{
     BlockStatus, ChunkHeader, ErrorChunk, OffsetData, OffsetHole, ReplyHeader,
 };
-use braid_proto::wire::{chunk_type, REQUEST_HEADER_LEN};
+use braid_proto::wire::{chunk_type, state, REQUEST_HEADER_LEN};
 use braid_proto::{CmdFlags, Command, Cookie, Request};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -100,10 +100,12 @@ impl Drop for ConnHandle {
 /// Starts the reader and writer of a negotiated connection.
 pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle {
     let socket = super::dup_socket(n.stream.as_ref());
+    let allocation = n.allocation();
     let (rd, wr) = tokio::io::split(n.stream);
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_loop(wr, rx, sink.clone()).in_current_span());
-    let reader = tokio::spawn(read_loop(rd, n.leftover, max_payload, sink).in_current_span());
+    let reader =
+        tokio::spawn(read_loop(rd, n.leftover, max_payload, allocation, sink).in_current_span());
     ConnHandle {
         tx: Some(tx),
         reader,
@@ -146,6 +148,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     rd: R,
     leftover: BytesMut,
     max_payload: u32,
+    allocation: Option<u32>,
     sink: Arc<dyn Sink>,
 ) {
     // Bytes read past the handshake come first.
@@ -153,7 +156,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut rd = BufReader::with_capacity(256 * 1024, prefix.chain(rd));
     let mut errors: std::collections::HashMap<u64, Error> = Default::default();
     let reason = loop {
-        match read_one(&mut rd, max_payload, sink.as_ref(), &mut errors).await {
+        match read_one(&mut rd, max_payload, allocation, sink.as_ref(), &mut errors).await {
             Ok(true) => {}
             Ok(false) => break "the server closed the connection".to_owned(),
             Err(e) => break e,
@@ -163,9 +166,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
 }
 
 /// Reads one reply message. `Ok(false)` on a clean end of stream.
+/// `allocation` is the context id of `base:allocation`, if selected.
 pub(super) async fn read_one<R: AsyncRead + Unpin>(
     rd: &mut R,
     max_payload: u32,
+    allocation: Option<u32>,
     sink: &dyn Sink,
     errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
@@ -197,7 +202,7 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
         }
         ReplyHeader::Chunk(c) => {
             c.check(max_payload).map_err(|e| format!("protocol: {e}"))?;
-            let ended = chunk(rd, &c, sink, errors).await?;
+            let ended = chunk(rd, &c, allocation, sink, errors).await?;
             if c.done() && !ended {
                 sink.done(c.cookie, errors.remove(&c.cookie.0));
             }
@@ -209,6 +214,7 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
 async fn chunk<R: AsyncRead + Unpin>(
     rd: &mut R,
     c: &ChunkHeader,
+    allocation: Option<u32>,
     sink: &dyn Sink,
     errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
@@ -235,7 +241,15 @@ async fn chunk<R: AsyncRead + Unpin>(
         chunk_type::BLOCK_STATUS => {
             let p = read_bytes(rd, c.length as usize).await?;
             let s = BlockStatus::decode(&p).map_err(|e| format!("protocol: {e}"))?;
-            sink.extents(c.cookie, s);
+            if Some(s.context_id) == allocation {
+                let extents = s.extents.iter();
+                sink.extents(
+                    c.cookie,
+                    extents
+                        .map(|e| state::extent(u64::from(e.length), e.flags))
+                        .collect(),
+                );
+            }
         }
         kind => {
             // Every other type passed `check` only as an error chunk.

@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use braid_block::{Error, ErrorKind, Flags};
-use braid_proto::reply::BlockStatus;
+use braid_block::{Error, ErrorKind, Extent, Flags};
 use braid_proto::Cookie;
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -25,8 +24,8 @@ pub struct Done {
     /// READ data as (offset within the request, bytes), in offset order,
     /// covering the request exactly.
     pub data: Vec<(u64, Bytes)>,
-    /// BLOCK_STATUS answers for `base:allocation`.
-    pub status: Vec<BlockStatus>,
+    /// BLOCK_STATUS's answer: allocation from the request's offset on.
+    pub extents: Vec<Extent>,
 }
 
 #[derive(Debug)]
@@ -228,7 +227,6 @@ pub(crate) struct ConnSink {
     pub shared: Weak<Shared>,
     pub path: PathId,
     pub generation: u64,
-    pub allocation: Option<u32>,
 }
 
 impl ConnSink {
@@ -317,14 +315,11 @@ impl Sink for ConnSink {
         }
     }
 
-    fn extents(&self, cookie: Cookie, status: BlockStatus) {
-        if Some(status.context_id) != self.allocation {
-            return;
-        }
+    fn extents(&self, cookie: Cookie, extents: Vec<Extent>) {
         self.with_core(|_, core| {
             if let Some(req) = core.engine.chunk(cookie).and_then(|c| c.req) {
                 if let Some(p) = core.reqs.get_mut(&req.0) {
-                    p.done.status.push(status);
+                    p.done.extents.extend(extents);
                 }
             }
         });
@@ -539,7 +534,7 @@ mod tests {
                 (0, Bytes::from_static(b"ab")),
                 (3, Bytes::from_static(b"d")),
             ],
-            status: vec![],
+            extents: vec![],
         };
         assert!(assemble(d, 4).is_err());
         let d = Done {
@@ -547,7 +542,7 @@ mod tests {
                 (0, Bytes::from_static(b"ab")),
                 (1, Bytes::from_static(b"bc")),
             ],
-            status: vec![],
+            extents: vec![],
         };
         assert!(assemble(d, 3).is_err());
     }

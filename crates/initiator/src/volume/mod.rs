@@ -36,9 +36,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use braid_block::Extent;
 use braid_block::{ErrorKind, Flags};
 use braid_policy::PolicyOptions;
-use braid_proto::reply::Extent;
 use braid_proto::TransmissionFlags;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
@@ -301,7 +301,7 @@ impl Volume {
             .collect();
         Ok(Done {
             data,
-            status: done.status,
+            extents: done.extents,
         })
     }
 
@@ -362,7 +362,7 @@ impl Volume {
         let done = self
             .submit(Op::BlockStatus, offset, len, Flags::empty(), None)
             .await?;
-        Ok(done.status.into_iter().flat_map(|s| s.extents).collect())
+        Ok(done.extents)
     }
 
     /// Every path's figures now.

@@ -95,7 +95,7 @@ impl Dialed for Conns {
             for c in conns {
                 up.ids.push(c.server_id);
                 up.allocation.push(c.allocation);
-                let handle = conn::start(c.negotiated, max_payload, sink(c.allocation));
+                let handle = conn::start(c.negotiated, max_payload, sink());
                 up.links.push(Box::new(handle));
             }
             up

@@ -105,27 +105,25 @@ pub(crate) struct Up {
 }
 
 /// Hands a path's new connections to the engine: `start` starts them,
-/// each with the sink [`sink`](ConnSink) makes for the connection's
-/// `base:allocation` context. A reset seen while the volume opens says
+/// each with a sink [`sink`](ConnSink) makes for it. A reset seen while the volume opens says
 /// only that the target tells of restarts. `false` if the volume closed
 /// (the connections are then never started).
 pub(crate) fn bring_up(
     shared: &Arc<Shared>,
     path: PathId,
     opening: bool,
-    start: impl FnOnce(&dyn Fn(Option<u32>) -> Arc<ConnSink>) -> Up,
+    start: impl FnOnce(&dyn Fn() -> Arc<ConnSink>) -> Up,
 ) -> bool {
     let mut core = shared.lock();
     if shared.closed() {
         return false; // the connections just made are dropped
     }
     let generation = core.paths[path.0].generation + 1;
-    let sink = |allocation| {
+    let sink = || {
         Arc::new(ConnSink {
             shared: Arc::downgrade(shared),
             path,
             generation,
-            allocation,
         })
     };
     let up = start(&sink);

@@ -178,7 +178,7 @@ impl Dialed for Session {
         let state = access(o.access);
         let conn = Arc::new(o.conn);
         let up = bring_up(shared, path, opening, |sink| {
-            conn.attach(sink(None));
+            conn.attach(sink());
             if let Some(slot) = lock(&x.ports).get_mut(path.0) {
                 *slot = (o.relative_port, o.port_group);
             }
