@@ -32,6 +32,9 @@ pub struct ServeFile {
     pub iscsi: Option<u16>,
     /// CHAP credentials file for iSCSI logins (`--iscsi-chap`).
     pub iscsi_chap: Option<PathBuf>,
+    /// The iSCSI access list: initiators, their CHAP credentials and
+    /// exports (`--iscsi-acl`).
+    pub iscsi_acl: Option<PathBuf>,
     /// Prefix of iSCSI target names (`--iscsi-iqn`).
     pub iscsi_iqn: Option<String>,
     pub tls_cert: Option<PathBuf>,
@@ -319,6 +322,21 @@ pub struct ChapFile {
     pub target_secret: Option<String>,
 }
 
+/// A CHAP secret's bytes, or why it cannot be one: 12 to 255 bytes (RFC
+/// 7143 asks at least 96 bits of a secret shared with a remote peer; the
+/// length is all that is checked, so a short one is refused with it).
+pub fn check_secret(what: &str, s: &str) -> std::result::Result<Vec<u8>, String> {
+    if (12..=255).contains(&s.len()) {
+        Ok(s.as_bytes().to_vec())
+    } else {
+        Err(format!(
+            "{what} is {} bytes; CHAP secrets must be 12 to 255 bytes (RFC 7143 asks at least \
+             96 bits; Windows takes 12 to 16)",
+            s.len()
+        ))
+    }
+}
+
 /// Reads a CHAP credentials file: secrets of 12 to 255 bytes (RFC 7143
 /// asks at least 96 bits of a secret shared with a remote peer).
 pub fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Credentials> {
@@ -327,15 +345,7 @@ pub fn chap_credentials(path: &std::path::Path) -> Result<braid_iscsi::chap::Cre
     let f: ChapFile =
         toml::from_str(&text).map_err(|e| usage(format!("{}: {e}", path.display())))?;
     let check = |what: &str, s: &str| {
-        if (12..=255).contains(&s.len()) {
-            Ok(s.as_bytes().to_vec())
-        } else {
-            Err(usage(format!(
-                "{}: {what} is {} bytes; CHAP secrets must be 12 to 255 bytes",
-                path.display(),
-                s.len()
-            )))
-        }
+        check_secret(what, s).map_err(|why| usage(format!("{}: {why}", path.display())))
     };
     let secret = check("secret", &f.secret)?;
     let mutual = match (f.target_user, f.target_secret) {

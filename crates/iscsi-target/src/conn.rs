@@ -92,7 +92,7 @@ async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<()
             crc32c: true,
         },
         portal_group_tag: ctx.tag,
-        chap: ctx.shared.chap.clone(),
+        access: ctx.shared.access.clone(),
         // A fresh random challenge for every connection (a v4 UUID: 122
         // random bits).
         chap_id: uuid::Uuid::new_v4().as_bytes()[0],
@@ -134,6 +134,12 @@ async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<()
         stream.write_all(&out).await.map_err(|e| e.to_string())?;
     };
     let (last, s) = session;
+    // What this initiator's grant does not reach it never sees, in
+    // discovery or beyond.
+    let visible: Vec<Arc<Served>> = visible
+        .into_iter()
+        .filter(|t| ctx.shared.access.sees(&s.initiator, &t.name))
+        .collect();
     let served = s
         .target
         .as_ref()

@@ -54,14 +54,19 @@ pub use ports::AluaError;
 /// Target names are this prefix and the export's name.
 pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.braid-storage:";
 
+/// The target name of the export `export` under `prefix`.
+pub fn target_name(prefix: &str, export: &str) -> String {
+    format!("{prefix}{}", export.to_ascii_lowercase())
+}
+
 /// What the iSCSI side serves.
 #[derive(Clone, Debug)]
 pub struct IscsiConfig {
     /// Prefix of every target name (`iqn.YYYY-MM.reversed.domain:`).
     pub iqn_prefix: String,
-    /// CHAP credentials every login must prove (`None`: no
-    /// authentication).
-    pub chap: Option<braid_iscsi::chap::Credentials>,
+    /// Who may log in, with which CHAP credentials, and which targets
+    /// each initiator sees (default: everyone, everything, no CHAP).
+    pub access: braid_iscsi::access::Access,
     /// Where persistent reservations that must outlive a restart are
     /// kept (`reservations/<volume identity>`), and an initiator's choice
     /// of the write cache (`write-cache/<volume identity>`); `None`: in
@@ -85,7 +90,7 @@ impl Default for IscsiConfig {
     fn default() -> Self {
         Self {
             iqn_prefix: DEFAULT_IQN_PREFIX.to_owned(),
-            chap: None,
+            access: braid_iscsi::access::Access::default(),
             state_dir: None,
             write_cache: std::collections::HashSet::new(),
             limits: braid_store::Limits::default(),
@@ -107,7 +112,7 @@ pub(crate) struct Served {
 pub(crate) struct Shared {
     pub targets: Vec<Arc<Served>>,
     pub ports: ports::PortTable,
-    pub chap: Option<braid_iscsi::chap::Credentials>,
+    pub access: Arc<braid_iscsi::access::Access>,
     pub sessions: Arc<sessions::Sessions>,
     pub limits: braid_store::Limits,
     /// READ data held between storage and sockets, bounded by `limits`.
@@ -287,7 +292,7 @@ impl IscsiServer {
                 };
                 let on = cfg.write_cache.contains(&e.name);
                 let (cache, origin) = cache::WriteCache::load(kept("write-cache"), on)?;
-                let name = format!("{}{}", cfg.iqn_prefix, e.name.to_ascii_lowercase());
+                let name = target_name(&cfg.iqn_prefix, &e.name);
                 log_write_cache(&name, cache.on(), origin);
                 Ok(Arc::new(Served {
                     name,
@@ -301,7 +306,7 @@ impl IscsiServer {
             shared: Arc::new(Shared {
                 targets,
                 ports: ports::PortTable::new(&addrs),
-                chap: cfg.chap.clone(),
+                access: Arc::new(cfg.access.clone()),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),
                 budget: budget::Budget::new(cfg.limits.max_total_bytes),

@@ -393,11 +393,13 @@ pub fn target(data: &[u8]) -> TargetReached {
             crc32c: true,
         },
         portal_group_tag: 1,
-        chap: (mode & 1 != 0).then(|| Credentials {
-            user: "u".into(),
-            secret: b"twelve-bytes".to_vec(),
-            mutual: (mode & 2 != 0).then(|| ("t".into(), b"target-secret".to_vec())),
-        }),
+        access: std::sync::Arc::new(crate::access::Access::open((mode & 1 != 0).then(|| {
+            Credentials {
+                user: "u".into(),
+                secret: b"twelve-bytes".to_vec(),
+                mutual: (mode & 2 != 0).then(|| ("t".into(), b"target-secret".to_vec())),
+            }
+        }))),
         chap_id: 1,
         chap_challenge: [7; 16],
     });

@@ -15,6 +15,7 @@
 //! mutual CHAP), its full feature phase, SendTargets answers, the CDBs it
 //! sends and the answers it reads.
 
+pub mod access;
 pub mod chap;
 pub mod digest;
 pub mod discovery;
@@ -36,6 +37,8 @@ pub use braid_scsi as scsi;
 pub use digest::Digests;
 pub use pdu::{Bhs, FrameError, Framer, Opcode, Pdu, BHS_LEN};
 
+#[cfg(test)]
+mod access_tests;
 #[cfg(test)]
 mod login_limits_tests;
 #[cfg(test)]

@@ -5,14 +5,22 @@
 //! Stages: security negotiation (0), operational negotiation (1), full
 //! feature phase (3). The initiator asks to move on with the T bit and
 //! the stage it wants next; the target agrees by answering with the same.
-//! With credentials configured the security stage runs CHAP (MD5, and
-//! mutual CHAP when the initiator asks and the target has its own secret),
-//! and nothing moves past it unauthenticated; without, `AuthMethod=None`.
+//! The initiator's name and session type, in the first request, choose
+//! what the login must prove ([`crate::access`]): an initiator the access
+//! list refuses is turned away at once, and one whose grant (or, for a
+//! discovery session, the discovery credential) holds CHAP credentials
+//! runs CHAP (MD5, and mutual CHAP when the initiator asks and the target
+//! has its own secret) in the security stage, and nothing moves past it
+//! unauthenticated; without, `AuthMethod=None`. The name cannot change
+//! once given, so a secret proves the name it was checked against.
 //! A login that cannot go on is answered with a status class and detail,
 //! after which the connection ends.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
+use crate::access::Access;
 use crate::chap::{self, Credentials};
 use crate::names;
 use crate::negotiate::{self, Params};
@@ -30,7 +38,10 @@ pub struct Status(pub u8, pub u8);
 
 impl Status {
     pub const SUCCESS: Status = Status(0, 0);
+    /// Authentication failure: the CHAP exchange failed.
     pub const AUTH_FAILED: Status = Status(2, 1);
+    /// Authorization failure: this initiator may not log in here.
+    pub const NOT_AUTHORIZED: Status = Status(2, 2);
     pub const NOT_FOUND: Status = Status(2, 3);
     pub const UNSUPPORTED_VERSION: Status = Status(2, 5);
     pub const MISSING_PARAMETER: Status = Status(2, 7);
@@ -50,9 +61,8 @@ pub struct TargetConfig {
     pub digests: negotiate::Digests,
     /// The portal group this connection arrived on.
     pub portal_group_tag: u16,
-    /// CHAP credentials every login must prove; `None` allows AuthMethod
-    /// None.
-    pub chap: Option<Credentials>,
+    /// Who may log in, with which credentials, to which targets.
+    pub access: Arc<Access>,
     /// The random identifier and challenge this connection's CHAP uses
     /// (the caller draws them: no I/O here, not even randomness).
     pub chap_id: u8,
@@ -121,6 +131,9 @@ pub struct TargetLogin {
     started: bool,
     tpgt_sent: bool,
     auth: Auth,
+    /// What this login must prove, once its first request named the
+    /// initiator: `Some(None)` is AuthMethod None.
+    chap: Option<Option<Credentials>>,
 }
 
 impl TargetLogin {
@@ -143,6 +156,7 @@ impl TargetLogin {
             started: false,
             tpgt_sent: false,
             auth: Auth::Start,
+            chap: None,
         }
     }
 
@@ -189,12 +203,8 @@ impl TargetLogin {
                 "login stage out of order",
             );
         }
-        if csg == OPERATIONAL && self.cfg.chap.is_some() && self.auth != Auth::Done {
-            return self.fail(
-                req,
-                Status::AUTH_FAILED,
-                "this target requires CHAP: the security stage cannot be skipped",
-            );
+        if csg == OPERATIONAL && self.needs_chap() {
+            return self.fail(req, Status::AUTH_FAILED, SKIPPED);
         }
         // The security stage may be skipped by starting in operational.
         self.stage = csg;
@@ -218,6 +228,11 @@ impl TargetLogin {
         let mut answer: Vec<(String, String)> = Vec::new();
         if let Err((status, why)) = self.login_keys(&pairs, &mut answer) {
             return self.fail(req, status, &why);
+        }
+        if self.stage == OPERATIONAL && self.needs_chap() {
+            // A first request that starts in the operational stage is
+            // checked once it has named its initiator.
+            return self.fail(req, Status::AUTH_FAILED, SKIPPED);
         }
         if self.stage == OPERATIONAL {
             let ops: Vec<(String, String)> = pairs
@@ -243,7 +258,7 @@ impl TargetLogin {
         if !transit {
             return Step::Continue(self.response(req, false, 0, data, Status::SUCCESS));
         }
-        if self.cfg.chap.is_some() && self.auth != Auth::Done {
+        if self.needs_chap() {
             // An initiator may ask to move on at once; the target keeps it
             // in the security stage (T clear) until CHAP is done.
             return Step::Continue(self.response(req, false, 0, data, Status::SUCCESS));
@@ -284,20 +299,34 @@ impl TargetLogin {
         Step::Continue(resp)
     }
 
+    /// Whether CHAP is still owed: the initiator is known and its grant
+    /// holds credentials it has not proven yet.
+    fn needs_chap(&self) -> bool {
+        matches!(self.chap, Some(Some(_))) && self.auth != Auth::Done
+    }
+
     /// The keys of the login itself: names, session type, authentication.
     fn login_keys(
         &mut self,
         pairs: &[(String, String)],
         answer: &mut Vec<(String, String)>,
     ) -> Result<(), (Status, String)> {
+        // Who is asking comes first, whatever the order of the keys: the
+        // access list decides what the rest of the request may do.
         for (key, value) in pairs {
             match key.as_str() {
                 "InitiatorName" => {
                     named("InitiatorName", value)?;
+                    if self.initiator.as_ref().is_some_and(|i| i != value) {
+                        return Err((
+                            Status::INITIATOR_ERROR,
+                            "InitiatorName changed during the login".into(),
+                        ));
+                    }
                     self.initiator = Some(value.clone());
                 }
                 "SessionType" => {
-                    self.kind = match value.as_str() {
+                    let kind = match value.as_str() {
                         "Discovery" => SessionType::Discovery,
                         "Normal" => SessionType::Normal,
                         _ => {
@@ -306,12 +335,46 @@ impl TargetLogin {
                                 format!("session type {value:?}"),
                             ))
                         }
+                    };
+                    if self.chap.is_some() && kind != self.kind {
+                        return Err((
+                            Status::INITIATOR_ERROR,
+                            "SessionType changed after the first Login Request".into(),
+                        ));
                     }
+                    self.kind = kind;
                 }
+                _ => {}
+            }
+        }
+        let Some(initiator) = self.initiator.clone() else {
+            return Err((
+                Status::MISSING_PARAMETER,
+                "InitiatorName is required".into(),
+            ));
+        };
+        if self.chap.is_none() {
+            let Some(grant) = self.cfg.access.grant(&initiator) else {
+                return Err((
+                    Status::NOT_AUTHORIZED,
+                    format!("initiator {initiator:?} is not in this target's access list"),
+                ));
+            };
+            self.chap = Some(match self.kind {
+                SessionType::Discovery => self.cfg.access.discovery.clone(),
+                SessionType::Normal => grant.chap.clone(),
+            });
+        }
+        for (key, value) in pairs {
+            match key.as_str() {
                 "TargetName" => {
                     // A name this target serves is taken as it is (an
-                    // export's name may make one RFC 3722 would not).
-                    if !self.cfg.targets.iter().any(|t| t == value) {
+                    // export's name may make one RFC 3722 would not); one
+                    // this initiator may not see is as absent as one not
+                    // served.
+                    if !self.cfg.targets.iter().any(|t| t == value)
+                        || !self.cfg.access.sees(&initiator, value)
+                    {
                         named("TargetName", value)?;
                         return Err((Status::NOT_FOUND, format!("no target named {value:?} here")));
                     }
@@ -319,30 +382,21 @@ impl TargetLogin {
                 }
                 "AuthMethod" => {
                     let offered = |m: &str| value.split(',').any(|v| v.trim() == m);
-                    let chosen = if self.cfg.chap.is_some() {
-                        "CHAP"
-                    } else {
-                        "None"
-                    };
+                    let chap = matches!(self.chap, Some(Some(_)));
+                    let chosen = if chap { "CHAP" } else { "None" };
                     if !offered(chosen) {
                         return Err((
                             Status::AUTH_FAILED,
                             format!("AuthMethod {value:?}: this target requires {chosen}"),
                         ));
                     }
-                    if self.cfg.chap.is_some() {
+                    if chap {
                         self.auth = Auth::Chosen;
                     }
                     answer.push(("AuthMethod".into(), chosen.into()));
                 }
                 _ => {}
             }
-        }
-        if self.initiator.is_none() {
-            return Err((
-                Status::MISSING_PARAMETER,
-                "InitiatorName is required".into(),
-            ));
         }
         self.chap_keys(pairs, answer)?;
         // A normal session learns its portal group in the first response
@@ -364,7 +418,7 @@ impl TargetLogin {
         pairs: &[(String, String)],
         answer: &mut Vec<(String, String)>,
     ) -> Result<(), (Status, String)> {
-        let Some(creds) = self.cfg.chap.clone() else {
+        let Some(Some(creds)) = self.chap.clone() else {
             self.auth = Auth::Done;
             return Ok(());
         };
@@ -450,6 +504,9 @@ impl TargetLogin {
         Step::Fail(resp, status, why.to_owned())
     }
 }
+
+const SKIPPED: &str =
+    "this target requires CHAP of this initiator: the security stage cannot be skipped";
 
 /// Refuses a name that is not an iSCSI name with 0x0207 (RFC 7143 gives
 /// that status to a missing or invalid parameter).

@@ -32,7 +32,7 @@ pub(crate) fn config() -> TargetConfig {
             crc32c: true,
         },
         portal_group_tag: 3,
-        chap: None,
+        access: std::sync::Arc::default(),
         chap_id: 0,
         chap_challenge: [0; 16],
     }
@@ -266,11 +266,11 @@ mod chap_login {
                 crc32c: true,
             },
             portal_group_tag: 1,
-            chap: Some(Credentials {
+            access: std::sync::Arc::new(crate::access::Access::open(Some(Credentials {
                 user: "alice".into(),
                 secret: b"initiator-secret".to_vec(),
                 mutual: mutual.then(|| ("braid".to_owned(), b"target-secret!".to_vec())),
-            }),
+            }))),
             chap_id: 42,
             chap_challenge: CHALLENGE,
         };

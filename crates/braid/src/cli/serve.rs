@@ -127,6 +127,21 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE", requires = "iscsi")]
     pub iscsi_chap: Option<PathBuf>,
 
+    /// Who may log in over iSCSI, from FILE (TOML): [[initiator]] tables,
+    /// each an InitiatorName with its own CHAP user and secret (optional
+    /// target_user and target_secret for mutual CHAP) and the exports it
+    /// may see; [discovery] with discovery's own user and secret;
+    /// [unlisted] for initiators not listed, who are refused without it.
+    /// A file holding secrets must be mode 0600. Not with --iscsi-chap
+    /// (one credential for every initiator)
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "iscsi",
+        conflicts_with = "iscsi_chap"
+    )]
+    pub iscsi_acl: Option<PathBuf>,
+
     /// Server certificate (PEM); with --tls-key, TLS is required of every
     /// TCP client (nothing is listed or served before STARTTLS)
     #[arg(long, value_name = "FILE", requires = "tls_key")]

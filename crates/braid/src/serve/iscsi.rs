@@ -31,10 +31,28 @@ pub async fn start(
             }
         })
         .collect();
-    if cfg.chap.is_none() {
+    let access = &cfg.access;
+    if !access.any_chap() {
         warn!(
             "iSCSI without CHAP: any client that can connect (within an export's --allow list) \
              may log in; --iscsi-chap FILE requires credentials"
+        );
+    }
+    if !access.initiators.is_empty() || access.others.is_none() {
+        // Names and counts only: no secret is ever logged.
+        info!(
+            "iSCSI access list: {} initiators; initiators not listed {}; discovery {}",
+            access.initiators.len(),
+            match &access.others {
+                None => "refused",
+                Some(g) if g.chap.is_some() => "allowed with CHAP",
+                Some(_) => "allowed without CHAP",
+            },
+            if access.discovery.is_some() {
+                "with its own CHAP credential"
+            } else {
+                "without CHAP"
+            }
         );
     }
     let server = IscsiServer::bind(&portals, &target.exports(), &cfg).await?;

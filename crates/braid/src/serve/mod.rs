@@ -1,6 +1,7 @@
 //! `braid serve`: flags checked into a configuration, exports opened, the
 //! target run in the foreground until SIGINT or SIGTERM.
 
+mod acl;
 mod exports;
 
 use std::collections::HashMap;
@@ -55,8 +56,8 @@ struct ServeConfig {
     http: Option<crate::console::Http>,
     /// Port of the iSCSI portals, when iSCSI is served.
     iscsi: Option<u16>,
-    /// CHAP credentials every iSCSI login must prove.
-    iscsi_chap: Option<braid_iscsi::chap::Credentials>,
+    /// Who may log in over iSCSI, with which CHAP credentials.
+    iscsi_access: braid_iscsi::access::Access,
     /// What every iSCSI target name starts with.
     iscsi_iqn: String,
     /// Exports whose iSCSI units start with the write cache on.
@@ -289,14 +290,6 @@ impl ServeConfig {
             cache: args.rbd_cache || file.rbd_cache,
             lease,
         };
-        let iscsi_chap = args
-            .iscsi_chap
-            .or(file.iscsi_chap)
-            .map(|p| config::chap_credentials(&p))
-            .transpose()?;
-        if iscsi_chap.is_some() && iscsi.is_none() {
-            return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
-        }
         if !args.iscsi_write_cache.is_empty() && iscsi.is_none() {
             return Err(usage(
                 "iscsi_write_cache without iscsi: set the iSCSI port too",
@@ -309,10 +302,31 @@ impl ServeConfig {
             Some(p) => iscsi::iqn_prefix(&p).map_err(usage)?,
             None => braid_iscsi_target::DEFAULT_IQN_PREFIX.to_owned(),
         };
+        let iscsi_chap = args
+            .iscsi_chap
+            .or(file.iscsi_chap)
+            .map(|p| config::chap_credentials(&p))
+            .transpose()?;
+        if iscsi_chap.is_some() && iscsi.is_none() {
+            return Err(usage("iscsi_chap without iscsi: set the iSCSI port too"));
+        }
+        let iscsi_acl = args.iscsi_acl.or(file.iscsi_acl);
+        let iscsi_access =
+            match iscsi_acl.as_deref() {
+                Some(_) if iscsi.is_none() => {
+                    return Err(usage("iscsi_acl without iscsi: set the iSCSI port too"))
+                }
+                Some(_) if iscsi_chap.is_some() => return Err(usage(
+                    "iscsi_acl and iscsi_chap together: the access list gives each initiator its \
+                     own credentials ([unlisted] for the rest); keep one",
+                )),
+                Some(p) => acl::read(p, &seen, |e| braid_iscsi_target::target_name(&iscsi_iqn, e))?,
+                None => braid_iscsi::access::Access::open(iscsi_chap),
+            };
         Ok(Self {
             http,
             iscsi,
-            iscsi_chap,
+            iscsi_access,
             iscsi_iqn,
             iscsi_write_cache: args.iscsi_write_cache.into_iter().collect(),
             listen,
@@ -385,7 +399,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Some(port) => {
                 let settings = braid_iscsi_target::IscsiConfig {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
-                    chap: cfg.iscsi_chap.clone(),
+                    access: cfg.iscsi_access.clone(),
                     state_dir: Some(cfg.state_dir.clone()),
                     write_cache: cfg.iscsi_write_cache.clone(),
                     limits: cfg.limits.clone(),

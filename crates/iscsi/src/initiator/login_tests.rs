@@ -61,7 +61,7 @@ fn braid_target(chap: Option<Credentials>) -> TargetLogin {
             crc32c: true,
         },
         portal_group_tag: 7,
-        chap,
+        access: std::sync::Arc::new(crate::access::Access::open(chap)),
         chap_id: 9,
         chap_challenge: [0x33; 16],
     })
