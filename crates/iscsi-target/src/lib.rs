@@ -16,6 +16,7 @@ mod lu;
 mod media;
 mod out;
 mod sessions;
+mod slowsave;
 mod task;
 mod textreq;
 mod tmf;
@@ -250,6 +251,23 @@ impl IscsiHandle {
     /// them), so that a test can abort or fence them.
     pub fn hold(&self, initiator: &str, on: bool) {
         self.shared.hold_for(initiator).set(on);
+    }
+
+    /// Test hook: while `on`, every save of reservations waits before its
+    /// fsync, as on a stalled disk.
+    pub fn hold_saves(&self, on: bool) {
+        for t in &self.shared.targets {
+            t.lu.slow_save.set(on);
+        }
+    }
+
+    /// Test hook: saves of reservations waiting now.
+    pub fn saves_waiting(&self) -> usize {
+        self.shared
+            .targets
+            .iter()
+            .map(|t| t.lu.slow_save.waiting())
+            .sum()
     }
 }
 
