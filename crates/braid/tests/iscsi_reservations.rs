@@ -148,6 +148,63 @@ fn reservations_survive_a_restart_when_asked_to_and_only_then() {
     b.write10(0, &[9; 512]);
 }
 
+/// The relative target port VPD page 0x83 names for this path.
+fn relative_port(i: &mut Initiator) -> u16 {
+    let page = i.exec(&iscsikit::vpd_cdb(0x83), &[], 256);
+    assert!(page.good(), "{page:?}");
+    let (port, _) = iscsikit::vpd::msdsm_port(&iscsikit::vpd::designators(&page.data));
+    port.expect("a relative target port designator")
+}
+
+/// A portal keeps its relative port id across a restart with `--listen`
+/// in another order and an address more, and so the registration made
+/// through it: READ FULL STATUS shows it on the same relative port, and
+/// the same path can withdraw it.
+#[test]
+fn a_portal_keeps_its_port_and_its_registrations_when_listen_is_reordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 4 << 20);
+    let state = dir.path().join("state");
+    let port = free_port();
+    let start = |listen: &[&str]| {
+        let listen: Vec<String> = listen.iter().map(|a| format!("{a}:0")).collect();
+        let mut args: Vec<&str> = Vec::new();
+        for l in &listen {
+            args.extend(["--listen", l]);
+        }
+        let port = port.to_string();
+        let state = state.to_str().unwrap();
+        let vol = format!("vol={}", disk.display());
+        args.extend(["--iscsi", &port, "--state-dir", state, &vol]);
+        Serve::start(&args)
+    };
+    let portal_b = format!("127.0.0.2:{port}").parse().unwrap();
+    let node = who("iqn.2026-11.org.example:node-b", 1);
+
+    let srv = start(&["127.0.0.1", "127.0.0.2"]);
+    let mut b = Initiator::login_as(portal_b, TARGET, &node);
+    let before = relative_port(&mut b);
+    assert_eq!(prout(&mut b, REGISTER, 0, 0, 0xb0b, true), GOOD);
+    drop(b);
+    drop(srv);
+
+    let _srv = start(&["127.0.0.2", "127.0.0.1", "127.0.0.3"]);
+    let mut b = Initiator::login_as(portal_b, TARGET, &node);
+    assert_eq!(relative_port(&mut b), before, "portal B's relative port id");
+    let full = prin(&mut b, 3);
+    assert_eq!(
+        (&full[8..16], u16::from_be_bytes([full[26], full[27]])),
+        (&0xb0bu64.to_be_bytes()[..], before),
+        "READ FULL STATUS: the key, registered through portal B's relative port"
+    );
+    assert_eq!(
+        prout(&mut b, REGISTER, 0, 0xb0b, 0, false),
+        GOOD,
+        "the same path withdraws its registration"
+    );
+    assert_eq!(b.registered_keys(), Vec::<u64>::new());
+}
+
 /// Waits up to `limit` for `done`; whether it came.
 fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
     let end = Instant::now() + limit;

@@ -12,9 +12,11 @@ mod budget;
 mod cache;
 mod command;
 mod conn;
+mod durable;
 mod lu;
 mod media;
 mod out;
+mod portids;
 mod sessions;
 mod slowsave;
 mod task;
@@ -64,9 +66,10 @@ pub struct IscsiConfig {
     /// authentication).
     pub chap: Option<braid_iscsi::chap::Credentials>,
     /// Where persistent reservations that must outlive a restart are
-    /// kept (`reservations/<volume identity>`), and an initiator's choice
-    /// of the write cache (`write-cache/<volume identity>`); `None`: in
-    /// memory only.
+    /// kept (`reservations/<volume identity>`), an initiator's choice
+    /// of the write cache (`write-cache/<volume identity>`) and each
+    /// portal address's tag (`iscsi-ports`); `None`: in memory only, and
+    /// portals tagged in their order.
     pub state_dir: Option<std::path::PathBuf>,
     /// Exports whose units start with the write cache on (WCE 1), for
     /// initiators that send SYNCHRONIZE CACHE; every other unit is
@@ -318,7 +321,7 @@ impl IscsiServer {
             listeners,
             shared: Arc::new(Shared {
                 targets,
-                ports: ports::PortTable::new(&addrs),
+                ports: portids::table(cfg.state_dir.as_deref(), &addrs)?,
                 chap: cfg.chap.clone(),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),

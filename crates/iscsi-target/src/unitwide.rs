@@ -11,7 +11,7 @@
 //! nexuses has ended: a write one of them had queued can no longer land,
 //! which is what a cluster relies on when it fences a node.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use braid_scsi::dispatch::{reserve_out, Outcome};
@@ -190,13 +190,5 @@ fn keep(path: &Path, text: Option<&str>, slow: &SlowSave) -> io::Result<()> {
             _ => Ok(()),
         };
     };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    slow.pass();
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    super::durable::replace(path, text.as_bytes(), || slow.pass())
 }
