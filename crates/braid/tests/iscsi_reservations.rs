@@ -2,24 +2,38 @@
 //! a PREEMPT AND ABORT fences the node it preempts (a write that node had
 //! queued never lands, and its next one meets RESERVATION CONFLICT), and
 //! registrations and the reservation survive a restart of `braid serve`
-//! when the initiator asked for that (APTPL).
+//! when the initiator asked for that (APTPL). Saving them does not stop
+//! the server, and their answer waits for the save.
 
 mod common;
 mod iscsikit;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_iscsi_target::IscsiConfig;
+use braid_store::backend::FileBackend;
+use braid_store::Export;
 use common::{free_port, sparse_file, Serve};
-use iscsikit::inproc::InProcess;
+use iscsikit::inproc::{InProcess, IscsiOnly};
 use iscsikit::{who, Initiator, GOOD, RESERVATION_CONFLICT};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
 
 /// PERSISTENT RESERVE OUT `action` of type `kind` with the two keys.
 fn prout(i: &mut Initiator, action: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> u8 {
+    let itt = send_prout(i, action, kind, key, sa_key, aptpl);
+    i.wait(itt).status
+}
+
+/// Sends what [`prout`] runs; returns its task tag.
+fn send_prout(i: &mut Initiator, action: u8, kind: u8, key: u64, sa_key: u64, aptpl: bool) -> u32 {
     let cdb = [0x5f, action, kind, 0, 0, 0, 0, 0, 24, 0];
     let mut params = key.to_be_bytes().to_vec();
     params.extend_from_slice(&sa_key.to_be_bytes());
     params.extend_from_slice(&[0, 0, 0, 0, u8::from(aptpl), 0, 0, 0]);
-    i.exec(&cdb, &params, 0).status
+    i.send_command(&cdb, &params, 0)
 }
 
 /// PERSISTENT RESERVE IN `action`.
@@ -132,6 +146,144 @@ fn reservations_survive_a_restart_when_asked_to_and_only_then() {
     let mut b = Initiator::login_as(addr, TARGET, &who(node_b, 1));
     assert_eq!(b.registered_keys(), Vec::<u64>::new());
     b.write10(0, &[9; 512]);
+}
+
+/// The relative target port VPD page 0x83 names for this path.
+fn relative_port(i: &mut Initiator) -> u16 {
+    let page = i.exec(&iscsikit::vpd_cdb(0x83), &[], 256);
+    assert!(page.good(), "{page:?}");
+    let (port, _) = iscsikit::vpd::msdsm_port(&iscsikit::vpd::designators(&page.data));
+    port.expect("a relative target port designator")
+}
+
+/// A portal keeps its relative port id across a restart with `--listen`
+/// in another order and an address more, and so the registration made
+/// through it: READ FULL STATUS shows it on the same relative port, and
+/// the same path can withdraw it.
+#[test]
+fn a_portal_keeps_its_port_and_its_registrations_when_listen_is_reordered() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = sparse_file(dir.path(), "disk.img", 4 << 20);
+    let state = dir.path().join("state");
+    let port = free_port();
+    let start = |listen: &[&str]| {
+        let listen: Vec<String> = listen.iter().map(|a| format!("{a}:0")).collect();
+        let mut args: Vec<&str> = Vec::new();
+        for l in &listen {
+            args.extend(["--listen", l]);
+        }
+        let port = port.to_string();
+        let state = state.to_str().unwrap();
+        let vol = format!("vol={}", disk.display());
+        args.extend(["--iscsi", &port, "--state-dir", state, &vol]);
+        Serve::start(&args)
+    };
+    let portal_b = format!("127.0.0.2:{port}").parse().unwrap();
+    let node = who("iqn.2026-11.org.example:node-b", 1);
+
+    let srv = start(&["127.0.0.1", "127.0.0.2"]);
+    let mut b = Initiator::login_as(portal_b, TARGET, &node);
+    let before = relative_port(&mut b);
+    assert_eq!(prout(&mut b, REGISTER, 0, 0, 0xb0b, true), GOOD);
+    drop(b);
+    drop(srv);
+
+    let _srv = start(&["127.0.0.2", "127.0.0.1", "127.0.0.3"]);
+    let mut b = Initiator::login_as(portal_b, TARGET, &node);
+    assert_eq!(relative_port(&mut b), before, "portal B's relative port id");
+    let full = prin(&mut b, 3);
+    assert_eq!(
+        (&full[8..16], u16::from_be_bytes([full[26], full[27]])),
+        (&0xb0bu64.to_be_bytes()[..], before),
+        "READ FULL STATUS: the key, registered through portal B's relative port"
+    );
+    assert_eq!(
+        prout(&mut b, REGISTER, 0, 0xb0b, 0, false),
+        GOOD,
+        "the same path withdraws its registration"
+    );
+    assert_eq!(b.registered_keys(), Vec::<u64>::new());
+}
+
+/// Waits up to `limit` for `done`; whether it came.
+fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while !done() {
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// A save of the reservations on a stalled disk (held before its fsync)
+/// stops nothing but its own answer: another session's READs keep being
+/// answered while it waits, on a server of one worker thread, where a
+/// save made on that thread would stop every session; and the PERSISTENT
+/// RESERVE OUT that asked for it is answered GOOD only once it has
+/// ended.
+#[test]
+fn a_slow_save_of_reservations_holds_its_answer_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let volume = uuid::Uuid::new_v4();
+    let export = Arc::new(Export::local(
+        "vol",
+        "memory",
+        Arc::new(FileBackend::memory(4 << 20).expect("a memory volume")),
+        false,
+        volume,
+    ));
+    let cfg = IscsiConfig {
+        state_dir: Some(state.clone()),
+        ..IscsiConfig::default()
+    };
+    let srv = IscsiOnly::serving_on(1, cfg, export);
+    let mut a = Initiator::login_as(srv.addr, TARGET, &who("iqn.2026-11.org.example:node-a", 1));
+    let mut b = Initiator::login_as(srv.addr, TARGET, &who("iqn.2026-11.org.example:node-b", 1));
+
+    srv.handle.hold_saves(true);
+    let itt = send_prout(&mut a, REGISTER, 0, 0, 0x5eed, true);
+    assert!(
+        within(Duration::from_secs(10), || srv.handle.saves_waiting() == 1),
+        "the REGISTER's save never began"
+    );
+    let (reads, going) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let reader = {
+        let (reads, going) = (reads.clone(), going.clone());
+        std::thread::spawn(move || {
+            while going.load(Ordering::Acquire) {
+                assert_eq!(b.read10(0, 8), vec![0; 4096]);
+                reads.fetch_add(1, Ordering::AcqRel);
+            }
+            b
+        })
+    };
+    within(Duration::from_secs(5), || {
+        reads.load(Ordering::Acquire) >= 10
+    });
+    let during = reads.load(Ordering::Acquire);
+    let unanswered = a.silent_for(Duration::from_millis(300));
+    let still_saving = srv.handle.saves_waiting();
+    going.store(false, Ordering::Release);
+    srv.handle.hold_saves(false);
+    let mut b = reader.join().expect("the reader");
+    assert!(
+        during > 0,
+        "{during} reads answered while the save was in progress"
+    );
+    assert!(
+        unanswered && still_saving == 1,
+        "the PERSISTENT RESERVE OUT was answered before its save had ended"
+    );
+    assert_eq!(a.wait(itt).status, GOOD, "the REGISTER, once saved");
+    assert_eq!(b.registered_keys(), [0x5eed]);
+    let saved = state.join("reservations").join(volume.to_string());
+    assert!(saved.exists(), "{} was saved", saved.display());
 }
 
 /// `braid bench --persistent-reservations`: every path registers and the

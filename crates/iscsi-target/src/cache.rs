@@ -12,7 +12,7 @@
 //! operator's setting it was made under: once the operator changes that,
 //! the newer word is the operator's.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -133,23 +133,15 @@ fn parse(text: &str) -> Option<(bool, bool)> {
     Some((on?, under?))
 }
 
-/// Writes the choice beside `path`, syncs it, renames it over `path` and
-/// syncs the directory.
+/// Keeps the choice in `path`, durably.
 fn keep(path: &Path, on: bool, default: bool) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
-    write!(
-        f,
+    let text = format!(
         "# the write cache an iSCSI initiator chose by MODE SELECT, and the operator's \
          setting it was chosen under\nwrite_cache {}\noperator {}\n",
         word(on),
         word(default)
-    )?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    );
+    super::durable::replace(path, text.as_bytes(), || ())
 }
 
 #[cfg(test)]

@@ -12,10 +12,13 @@ mod budget;
 mod cache;
 mod command;
 mod conn;
+mod durable;
 mod lu;
 mod media;
 mod out;
+mod portids;
 mod sessions;
+mod slowsave;
 mod task;
 mod textreq;
 mod tmf;
@@ -68,9 +71,10 @@ pub struct IscsiConfig {
     /// each initiator sees (default: everyone, everything, no CHAP).
     pub access: braid_iscsi::access::Access,
     /// Where persistent reservations that must outlive a restart are
-    /// kept (`reservations/<volume identity>`), and an initiator's choice
-    /// of the write cache (`write-cache/<volume identity>`); `None`: in
-    /// memory only.
+    /// kept (`reservations/<volume identity>`), an initiator's choice
+    /// of the write cache (`write-cache/<volume identity>`) and each
+    /// portal address's tag (`iscsi-ports`); `None`: in memory only, and
+    /// portals tagged in their order.
     pub state_dir: Option<std::path::PathBuf>,
     /// Exports whose units start with the write cache on (WCE 1), for
     /// initiators that send SYNCHRONIZE CACHE; every other unit is
@@ -256,6 +260,23 @@ impl IscsiHandle {
     pub fn hold(&self, initiator: &str, on: bool) {
         self.shared.hold_for(initiator).set(on);
     }
+
+    /// Test hook: while `on`, every save of reservations waits before its
+    /// fsync, as on a stalled disk.
+    pub fn hold_saves(&self, on: bool) {
+        for t in &self.shared.targets {
+            t.lu.slow_save.set(on);
+        }
+    }
+
+    /// Test hook: saves of reservations waiting now.
+    pub fn saves_waiting(&self) -> usize {
+        self.shared
+            .targets
+            .iter()
+            .map(|t| t.lu.slow_save.waiting())
+            .sum()
+    }
 }
 
 impl IscsiServer {
@@ -305,7 +326,7 @@ impl IscsiServer {
             listeners,
             shared: Arc::new(Shared {
                 targets,
-                ports: ports::PortTable::new(&addrs),
+                ports: portids::table(cfg.state_dir.as_deref(), &addrs)?,
                 access: Arc::new(cfg.access.clone()),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),

@@ -22,6 +22,11 @@ pub(crate) struct LogicalUnit {
     /// The caching page's WCE: off, every write goes through to the
     /// medium before it is acknowledged.
     pub write_cache: super::cache::WriteCache,
+    /// One PERSISTENT RESERVE OUT at a time, from its decision until its
+    /// state is current (its save runs in between, off the runtime).
+    pub deciding: tokio::sync::Mutex<()>,
+    /// Test hook: holds saves before their fsync.
+    pub slow_save: Arc<super::slowsave::SlowSave>,
 }
 
 /// The unit's decisions: nexuses, unit attentions, reservations.
@@ -61,6 +66,8 @@ impl LogicalUnit {
             tasks: Arc::default(),
             saved,
             write_cache,
+            deciding: tokio::sync::Mutex::new(()),
+            slow_save: Arc::default(),
         })
     }
 }

@@ -4,13 +4,14 @@
 //! [`braid_scsi::dispatch::decide`]).
 //!
 //! A PERSISTENT RESERVE OUT is decided on a copy of the reservations,
-//! saved (when the initiator asked for them to outlive a restart) and only
-//! then made current, so an answer never promises what a restart would
-//! forget. PREEMPT AND ABORT answers once every task of the preempted
+//! saved (when the initiator asked for them to outlive a restart) on a
+//! blocking thread and only then made current, so an answer never
+//! promises what a restart would forget, and a slow disk holds that
+//! answer alone. PREEMPT AND ABORT answers once every task of the preempted
 //! nexuses has ended: a write one of them had queued can no longer land,
 //! which is what a cluster relies on when it fences a node.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
 
 use braid_scsi::dispatch::{reserve_out, Outcome};
@@ -19,12 +20,14 @@ use braid_scsi::respond::{mode_select, Unit};
 use braid_scsi::{Command, Key, Reservations, Sense};
 use tracing::{info, warn};
 
-use super::lu::Nexus;
+use super::lu::{LogicalUnit, Nexus};
+use super::slowsave::SlowSave;
 use super::task::abort_all;
 use super::Served;
 
 const MODE_PARAMETERS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x01);
 const INTERNAL_TARGET_FAILURE: Sense = Sense::new(Key::HardwareError, 0x44, 0x00);
+const ABORTED_COMMAND: Sense = Sense::new(Key::AbortedCommand, 0x00, 0x00);
 
 /// Carries out `cmd` (PERSISTENT RESERVE OUT or MODE SELECT, as
 /// [`braid_scsi::dispatch::decide`] hands them over) for `nexus` on
@@ -40,25 +43,13 @@ pub(crate) async fn execute(
     match cmd {
         Command::PersistentReserveOut { action, .. } => {
             let params = data.unwrap_or_default();
-            let fx = {
-                let mut current = lu.reservations();
-                let (next, fx) = match reserve_out(&current, &nexus.name, cmd, &params) {
-                    Ok(decided) => decided,
-                    Err(answer) => return answer,
-                };
-                if fx.changed {
-                    if let Some(path) = &lu.saved {
-                        if let Err(e) = keep(path, &next) {
-                            warn!("reservations not saved in {}: {e}", path.display());
-                            return Outcome::Check(Sense::new(Key::HardwareError, 0x53, 0x00));
-                        }
-                    }
+            match decide_and_keep(served, nexus, cmd, &params).await {
+                Ok(fx) => {
+                    carry_out(served, action, fx).await;
+                    Outcome::Good(Vec::new())
                 }
-                *current = next;
-                fx
-            };
-            carry_out(served, action, fx).await;
-            Outcome::Good(Vec::new())
+                Err(answer) => answer,
+            }
         }
         Command::ModeSelect { ten, .. } => {
             let params = data.unwrap_or_default();
@@ -87,6 +78,90 @@ pub(crate) async fn execute(
     }
 }
 
+/// Most times a PERSISTENT RESERVE OUT is decided again because a
+/// RESERVE, RELEASE or a nexus's end changed the reservations while its
+/// save ran.
+const MOST_DECISIONS: usize = 8;
+
+/// Decides a PERSISTENT RESERVE OUT on the reservations as they are,
+/// keeps the result durably and only then makes it current, so that GOOD
+/// (which the caller answers after this returns) never promises what a
+/// restart would forget. The save runs on a blocking thread: an fsync on
+/// a slow disk holds this command's answer and nothing else the runtime
+/// serves.
+///
+/// PERSISTENT RESERVE OUTs of the unit run one at a time, so while one
+/// saves, only the RESERVE (6) holder can change (RESERVE, RELEASE, a
+/// nexus's end), which is never saved. When it has, the command is
+/// decided again on what is there now (and the file made to match), as
+/// if it had arrived after.
+async fn decide_and_keep(
+    served: &Served,
+    nexus: &Nexus,
+    cmd: Command,
+    params: &[u8],
+) -> Result<Effects, Outcome> {
+    let lu = &served.lu;
+    let _one = lu.deciding.lock().await;
+    // What the file holds: the current reservations', as every change
+    // made current was saved first.
+    let mut on_disk = kept(&lu.reservations());
+    for _ in 0..MOST_DECISIONS {
+        let (seen, decided) = {
+            let current = lu.reservations();
+            let decided = reserve_out(&current, &nexus.name, cmd, params);
+            (current.clone(), decided)
+        };
+        let wanted = match &decided {
+            Ok((next, fx)) if fx.changed => kept(next),
+            _ => kept(&seen),
+        };
+        if wanted != on_disk {
+            save(lu, wanted.clone()).await?;
+            on_disk = wanted;
+        }
+        let mut current = lu.reservations();
+        if *current != seen {
+            continue;
+        }
+        let (next, fx) = decided?;
+        *current = next;
+        return Ok(fx);
+    }
+    // Changed under every decision: leave the file as the reservations
+    // are, and let the initiator send it again.
+    let now = kept(&lu.reservations());
+    if now != on_disk {
+        save(lu, now).await?;
+    }
+    warn!("PERSISTENT RESERVE OUT decided {MOST_DECISIONS} times while the reservations changed; answered ABORTED COMMAND");
+    Err(Outcome::Check(ABORTED_COMMAND))
+}
+
+/// What the reservations' file must hold for `r`: its text, or no file
+/// when nothing needs to outlive a restart.
+fn kept(r: &Reservations) -> Option<String> {
+    (!r.is_empty() && r.persistent()).then(|| r.save())
+}
+
+/// Writes `text` (or removes the file) on a blocking thread; the answer
+/// to the initiator when that failed.
+async fn save(lu: &LogicalUnit, text: Option<String>) -> Result<(), Outcome> {
+    let Some(path) = lu.saved.clone() else {
+        return Ok(());
+    };
+    let slow = lu.slow_save.clone();
+    let shown = path.clone();
+    let done = tokio::task::spawn_blocking(move || keep(&path, text.as_deref(), &slow))
+        .await
+        .map_err(io::Error::other)
+        .and_then(|r| r);
+    done.map_err(|e| {
+        warn!("reservations not saved in {}: {e}", shown.display());
+        Outcome::Check(Sense::new(Key::HardwareError, 0x53, 0x00))
+    })
+}
+
 /// What a PERSISTENT RESERVE OUT does to other nexuses: their tasks
 /// aborted (PREEMPT AND ABORT) and the unit attentions they are owed.
 async fn carry_out(served: &Served, action: u8, fx: Effects) {
@@ -106,22 +181,14 @@ async fn carry_out(served: &Served, action: u8, fx: Effects) {
     }
 }
 
-/// Saves `r` in `path` (written beside it, synced, then renamed over it),
-/// or removes the file when nothing needs to outlive a restart.
-fn keep(path: &Path, r: &Reservations) -> io::Result<()> {
-    let empty = r.is_empty() || !r.persistent();
-    if empty {
+/// Saves `text` in `path` (written beside it, synced, then renamed over
+/// it, and the directory synced), or removes the file for `None`.
+fn keep(path: &Path, text: Option<&str>, slow: &SlowSave) -> io::Result<()> {
+    let Some(text) = text else {
         return match std::fs::remove_file(path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         };
-    }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(r.save().as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    };
+    super::durable::replace(path, text.as_bytes(), || slow.pass())
 }

@@ -46,7 +46,7 @@ impl InProcess {
         let (stop, stopped) = watch::channel(false);
         let exports = Exports::new(vec![export.clone()]);
         let thread = std::thread::spawn(move || {
-            let rt = runtime();
+            let rt = runtime(2);
             rt.block_on(async move {
                 let server = IscsiServer::bind(&portals, &exports, &IscsiConfig::default())
                     .await
@@ -113,10 +113,16 @@ pub type MakeExports =
 
 impl IscsiOnly {
     pub fn start(cfg: IscsiConfig, make: MakeExports) -> IscsiOnly {
+        Self::start_on(2, cfg, make)
+    }
+
+    /// As [`Self::start`], on a runtime of `workers` threads (one: a
+    /// thread blocked by the server stops every session).
+    pub fn start_on(workers: usize, cfg: IscsiConfig, make: MakeExports) -> IscsiOnly {
         let (tx, rx) = mpsc::channel();
         let (stop, stopped) = watch::channel(false);
         let thread = std::thread::spawn(move || {
-            let rt = runtime();
+            let rt = runtime(workers);
             rt.block_on(async move {
                 let portal = Portal {
                     addr: "127.0.0.1:0".parse().expect("an address"),
@@ -144,7 +150,13 @@ impl IscsiOnly {
 
     /// Over one export, ready made.
     pub fn serving(cfg: IscsiConfig, export: Arc<Export>) -> IscsiOnly {
-        Self::start(
+        Self::serving_on(2, cfg, export)
+    }
+
+    /// Over one export, ready made, on `workers` threads.
+    pub fn serving_on(workers: usize, cfg: IscsiConfig, export: Arc<Export>) -> IscsiOnly {
+        Self::start_on(
+            workers,
             cfg,
             Box::new(move || Box::pin(async move { Exports::new(vec![export]) })),
         )
@@ -161,9 +173,9 @@ impl Drop for IscsiOnly {
 }
 
 /// The runtime a server of this kit runs on, on a thread of its own.
-fn runtime() -> tokio::runtime::Runtime {
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .expect("a runtime")

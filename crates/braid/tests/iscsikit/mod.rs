@@ -235,6 +235,24 @@ impl Initiator {
         closed
     }
 
+    /// Whether the target sent nothing for `limit` (what it sent is kept
+    /// for the next wait).
+    pub fn silent_for(&mut self, limit: Duration) -> bool {
+        self.stream.set_read_timeout(Some(limit)).expect("timeout");
+        let mut chunk = [0u8; 4096];
+        let silent = match self.stream.read(&mut chunk) {
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                false
+            }
+            Err(_) => true,
+        };
+        self.stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        silent
+    }
+
     /// What the target sent before it closed the connection (waits up to
     /// `limit` for it to close; `None` if it did not).
     pub fn last_words(&mut self, limit: Duration) -> Option<Vec<Pdu>> {
