@@ -10,7 +10,7 @@
 use crate::lu::{LogicalUnit, Nexus};
 use crate::reserve::Effects;
 use crate::respond::{self, Unit};
-use crate::{alua, check_range, opcodes, AccessState, Command, Delivery, NexusName};
+use crate::{alua, check_range, opcodes, xcopy, AccessState, Command, Delivery, NexusName};
 use crate::{PortGroup, Refusal, Reservations, Sense};
 
 /// Logical block size every LUN is offered with.
@@ -277,6 +277,9 @@ pub fn decide(
             offered(unit, medium, op, sa)
         })
         .into(),
+        Command::ReceiveCopyResults { action, alloc } => {
+            xcopy::receive_copy_results(action, alloc).into()
+        }
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }
