@@ -142,9 +142,11 @@ pub enum Command {
     ExtendedCopy {
         param_len: u32,
     },
-    /// RECEIVE COPY RESULTS with this service action.
+    /// RECEIVE COPY RESULTS with this service action, about the copy
+    /// with list identifier `list_id`.
     ReceiveCopyResults {
         action: u8,
+        list_id: u8,
         alloc: u32,
     },
     /// RESERVE (6) or (10): the whole unit, for this I_T nexus.
@@ -421,6 +423,7 @@ impl Command {
             },
             0x84 => Command::ReceiveCopyResults {
                 action: cdb[1] & 0x1f,
+                list_id: cdb[2],
                 alloc: be32(&cdb[10..14]),
             },
             other => Command::Unsupported { opcode: other },

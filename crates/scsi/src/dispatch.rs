@@ -277,9 +277,11 @@ pub fn decide(
             offered(unit, medium, op, sa)
         })
         .into(),
-        Command::ReceiveCopyResults { action, alloc } => {
-            xcopy::receive_copy_results(action, alloc).into()
-        }
+        Command::ReceiveCopyResults {
+            action,
+            list_id,
+            alloc,
+        } => xcopy::receive_copy_results(action, alloc, || lu.copies.get(me, list_id)).into(),
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }

@@ -17,6 +17,7 @@
 //! before any block is moved.
 
 use crate::sense::{Key, Sense};
+use crate::NexusName;
 
 /// Most target descriptors one EXTENDED COPY may carry. A copy needs
 /// two (a source and a destination unit), one when both are the same;
@@ -54,9 +55,13 @@ const IDENTIFICATION: u8 = 0xe4;
 /// Block device to block device segment descriptor (SPC-4 6.4.6.5).
 const BLOCK_TO_BLOCK: u8 = 0x02;
 
-/// Copy manager operations (SPC-4 6.18: RECEIVE COPY RESULTS service
-/// actions) braid answers.
+/// RECEIVE COPY RESULTS service actions braid answers (SPC-4 6.18).
+pub const COPY_STATUS: u8 = 0x00;
 pub const OPERATING_PARAMETERS: u8 = 0x03;
+
+/// Most copy results held per unit for COPY STATUS; the oldest goes
+/// first.
+const MAX_HELD: usize = 256;
 
 pub const EXTENDED_COPY: u8 = 0x83;
 pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
@@ -97,6 +102,9 @@ pub struct Segment {
 /// An EXTENDED COPY parameter list, read and checked for form.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CopyList {
+    /// The list identifier, when its results are to be held for COPY
+    /// STATUS (LIST ID USAGE 00b or 10b).
+    pub list_id: Option<u8>,
     /// Each target descriptor's unit, `None` for one that names a unit
     /// by another kind of designator (unreachable if a segment uses it).
     pub targets: Vec<Option<Named>>,
@@ -142,9 +150,9 @@ pub fn parse(params: &[u8]) -> Result<CopyList, Sense> {
     if params.len() < HEADER {
         return Err(Sense::PARAMETER_LIST_LENGTH);
     }
-    // LIST ID USAGE 01b is reserved; the others differ only in whether
-    // results are kept for COPY STATUS, which are not.
-    if (params[1] >> 3) & 0x03 == 0x01 {
+    // LIST ID USAGE 01b is reserved; 11b asks that no results be held.
+    let usage = (params[1] >> 3) & 0x03;
+    if usage == 0x01 {
         return Err(INVALID_FIELD_IN_PARAMETERS);
     }
     let targets_len = usize::from(be16(&params[2..4]));
@@ -181,7 +189,11 @@ pub fn parse(params: &[u8]) -> Result<CopyList, Sense> {
         .into_iter()
         .map(segment)
         .collect::<Result<_, _>>()?;
-    Ok(CopyList { targets, segments })
+    Ok(CopyList {
+        list_id: (usage != 0x03).then_some(params[0]),
+        targets,
+        segments,
+    })
 }
 
 /// The segment descriptors, each with its own length (bytes 2..4 count
@@ -289,17 +301,89 @@ pub fn resolve<U: Clone>(
     Ok(copies)
 }
 
-/// RECEIVE COPY RESULTS with service action `action`, cut to `alloc`.
+/// How a copy ended, held for COPY STATUS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Status {
+    /// Every segment was copied.
+    pub ok: bool,
+    /// Segments copied whole.
+    pub segments: u16,
+    /// Bytes written to destinations.
+    pub bytes: u64,
+}
+
+/// The results of copies that ended, by I_T nexus and list identifier
+/// (SPC-4 holds them per nexus): the latest of each, at most
+/// [`MAX_HELD`] per unit.
+#[derive(Debug, Default)]
+pub struct Results(std::sync::Mutex<std::collections::VecDeque<(NexusName, u8, Status)>>);
+
+impl Results {
+    /// Holds how the copy `list_id` from `nexus` ended.
+    pub fn put(&self, nexus: &NexusName, list_id: u8, status: Status) {
+        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        held.retain(|(n, l, _)| !(n == nexus && *l == list_id));
+        if held.len() == MAX_HELD {
+            held.pop_front();
+        }
+        held.push_back((nexus.clone(), list_id, status));
+    }
+
+    /// How the copy `list_id` from `nexus` ended, if it is held.
+    pub fn get(&self, nexus: &NexusName, list_id: u8) -> Option<Status> {
+        let held = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter()
+            .find(|(n, l, _)| n == nexus && *l == list_id)
+            .map(|(_, _, s)| *s)
+    }
+}
+
+/// RECEIVE COPY RESULTS with service action `action`, cut to `alloc`;
+/// `held` gives the status of the copy asked about.
 ///
 /// # Errors
 ///
-/// INVALID FIELD IN CDB for a service action other than OPERATING
-/// PARAMETERS: copies run to their end before EXTENDED COPY answers, and
-/// no results are kept to be asked for afterwards.
-pub fn receive_copy_results(action: u8, alloc: u32) -> Result<Vec<u8>, Sense> {
-    if action != OPERATING_PARAMETERS {
-        return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(1, 4));
+/// INVALID FIELD IN CDB for COPY STATUS of a copy whose results are not
+/// held, and for the service actions not offered (LID1 copies end before
+/// EXTENDED COPY answers, so none is ever in progress to ask about).
+pub fn receive_copy_results(
+    action: u8,
+    alloc: u32,
+    held: impl FnOnce() -> Option<Status>,
+) -> Result<Vec<u8>, Sense> {
+    let mut d = match action {
+        OPERATING_PARAMETERS => operating_parameters(),
+        COPY_STATUS => match held() {
+            Some(s) => copy_status(s),
+            None => return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 7)),
+        },
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(1, 4)),
+    };
+    d.truncate(alloc as usize);
+    Ok(d)
+}
+
+/// COPY STATUS (SPC-4 6.18.3): completed with or without errors, the
+/// segments processed, and the bytes written in the smallest unit that
+/// holds the count in 32 bits.
+fn copy_status(s: Status) -> Vec<u8> {
+    let mut d = vec![0u8; 12];
+    d[3] = 8;
+    d[4] = if s.ok { 0x01 } else { 0x02 };
+    d[5..7].copy_from_slice(&s.segments.to_be_bytes());
+    // Units: bytes, then kibibytes (F1h), mebibytes (F2h), ...
+    let (mut units, mut count) = (0u8, s.bytes);
+    while count > u64::from(u32::MAX) {
+        units = if units == 0 { 0xf1 } else { units + 1 };
+        count >>= 10;
     }
+    d[7] = units;
+    d[8..12].copy_from_slice(&(count as u32).to_be_bytes());
+    d
+}
+
+/// OPERATING PARAMETERS (SPC-4 6.18.5): the copy manager's limits.
+fn operating_parameters() -> Vec<u8> {
     let implemented = [BLOCK_TO_BLOCK, IDENTIFICATION];
     let mut d = vec![0u8; 44];
     d[4] = 0x01; // SNLID: a list identifier need not be unique
@@ -316,21 +400,21 @@ pub fn receive_copy_results(action: u8, alloc: u32) -> Result<Vec<u8>, Sense> {
     d.extend_from_slice(&implemented);
     let available = (d.len() - 4) as u32;
     d[0..4].copy_from_slice(&available.to_be_bytes());
-    d.truncate(alloc as usize);
-    Ok(d)
+    d
 }
 
 /// The third-party copy VPD page's body (SPC-4 7.8.17): one Supported
 /// Commands descriptor, naming EXTENDED COPY (LID1) and RECEIVE COPY
-/// RESULTS' OPERATING PARAMETERS, so that an initiator asks nothing
-/// else.
+/// RESULTS' COPY STATUS and OPERATING PARAMETERS, so that an initiator
+/// asks nothing else.
 pub fn third_party_copy_page() -> Vec<u8> {
     let commands = [
         EXTENDED_COPY,
         1,
         0x00,
         RECEIVE_COPY_RESULTS,
-        1,
+        2,
+        COPY_STATUS,
         OPERATING_PARAMETERS,
     ];
     let mut body = vec![commands.len() as u8];

@@ -77,11 +77,13 @@ fn the_cdbs_are_read() {
     let mut c = [0u8; 16];
     c[0] = 0x84;
     c[1] = 0x03;
+    c[2] = 9;
     c[10..14].copy_from_slice(&1024u32.to_be_bytes());
     assert_eq!(
         Command::parse(&c),
         Ok(Command::ReceiveCopyResults {
             action: 3,
+            list_id: 9,
             alloc: 1024
         })
     );
@@ -261,7 +263,7 @@ fn what_cannot_be_reached_or_lies_outside_aborts_the_copy() {
 
 #[test]
 fn operating_parameters_state_the_limits() {
-    let d = receive_copy_results(OPERATING_PARAMETERS, 1024).unwrap();
+    let d = receive_copy_results(OPERATING_PARAMETERS, 1024, || None).unwrap();
     assert_eq!(d.len(), 46);
     assert_eq!(u32::from_be_bytes([d[0], d[1], d[2], d[3]]), 42);
     assert_eq!(u16::from_be_bytes([d[8], d[9]]), MAX_TARGETS);
@@ -273,12 +275,14 @@ fn operating_parameters_state_the_limits() {
     );
     assert_eq!(&d[43..], &[2, 0x02, 0xe4]);
     assert_eq!(
-        receive_copy_results(OPERATING_PARAMETERS, 8).unwrap().len(),
+        receive_copy_results(OPERATING_PARAMETERS, 8, || None)
+            .unwrap()
+            .len(),
         8
     );
-    // COPY STATUS and the others: results are not kept.
+    // FAILED SEGMENT DETAILS and the others are not offered.
     assert_eq!(
-        receive_copy_results(0, 1024),
+        receive_copy_results(0x04, 1024, || None),
         Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(1, 4))
     );
 }
@@ -287,6 +291,55 @@ fn operating_parameters_state_the_limits() {
 fn the_third_party_copy_page_lists_the_commands() {
     let d = third_party_copy_page();
     assert_eq!(&d[..4], &[0, 1, 0, 8]);
-    assert_eq!(&d[4..12], &[6, 0x83, 1, 0x00, 0x84, 1, 0x03, 0]);
+    assert_eq!(&d[4..12], &[7, 0x83, 1, 0x00, 0x84, 2, 0x00, 0x03]);
     assert_eq!(d.len() % 4, 0);
+}
+
+#[test]
+fn copy_status_answers_for_the_nexus_and_list_that_copied() {
+    let l = list(&[target(&NAA)], &[segment(0, 0, 1, 0, 1)]);
+    assert_eq!(parse(&l).unwrap().list_id, None, "LIST ID USAGE 11b");
+    let mut held = l.clone();
+    held[1] = 0x00;
+    held[0] = 7;
+    assert_eq!(parse(&held).unwrap().list_id, Some(7));
+
+    let results = Results::default();
+    let a = crate::NexusName::new("iqn.a", [0, 0, 0, 0, 0, 1], 1);
+    let b = crate::NexusName::new("iqn.b", [0, 0, 0, 0, 0, 1], 1);
+    let ask = |n: &crate::NexusName, id: u8| {
+        receive_copy_results(COPY_STATUS, 1024, || results.get(n, id))
+    };
+    assert_eq!(
+        ask(&a, 7),
+        Err(Sense::INVALID_FIELD_IN_CDB.in_cdb_field(2, 7))
+    );
+    let status = Status {
+        ok: true,
+        segments: 1,
+        bytes: 1 << 20,
+    };
+    results.put(&a, 7, status);
+    let d = ask(&a, 7).unwrap();
+    assert_eq!(d, [0, 0, 0, 8, 0x01, 0, 1, 0, 0, 0x10, 0, 0]);
+    assert!(ask(&b, 7).is_err(), "another nexus's copy");
+    assert!(ask(&a, 8).is_err(), "another list");
+    // Past 4 GiB the count is in kibibytes; a failed copy says so.
+    results.put(
+        &a,
+        7,
+        Status {
+            ok: false,
+            segments: 3,
+            bytes: 8 << 30,
+        },
+    );
+    let d = ask(&a, 7).unwrap();
+    assert_eq!(&d[4..], &[0x02, 0, 3, 0xf1, 0, 0x80, 0, 0]);
+    // The oldest results go first.
+    for id in 0..=255u8 {
+        results.put(&b, id, status);
+    }
+    assert!(results.get(&a, 7).is_none());
+    assert!(results.get(&b, 0).is_some());
 }
