@@ -21,6 +21,7 @@ mod textreq;
 mod tmf;
 mod unit;
 mod unitwide;
+mod xcopy;
 
 use std::collections::HashMap;
 use std::io;

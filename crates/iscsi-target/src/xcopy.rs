@@ -1,0 +1,76 @@
+//! EXTENDED COPY carried out in the target: the parameter list read by
+//! [`braid_scsi::xcopy`], each unit it names found among every target
+//! this server serves (by the NAA designator VPD page 0x83 gives it, so
+//! a copy may go from one export to another), then copied by the store
+//! ([`braid_store::copy`]) without the data crossing the network.
+
+use std::sync::Arc;
+
+use braid_scsi::xcopy::{self, Found, Status};
+use braid_store::copy::{self, End};
+use tracing::debug;
+
+use super::command::Lun;
+use super::unit::{self, Outcome, BLOCK};
+use crate::Served;
+
+/// Runs the EXTENDED COPY whose parameter list is `params`, sent to
+/// `lun`. Each segment's blocks reach stable storage before GOOD unless
+/// its destination's write cache is on, as a WRITE's would.
+pub async fn execute(lun: &Lun, params: &[u8]) -> Outcome {
+    let list = match xcopy::parse(params) {
+        Ok(l) => l,
+        Err(sense) => return Outcome::Check(sense),
+    };
+    let copies = match xcopy::resolve(&list, BLOCK, |naa| find(lun, naa)) {
+        Ok(c) => c,
+        Err(sense) => return Outcome::Check(sense),
+    };
+    let mut status = Status {
+        ok: true,
+        segments: 0,
+        bytes: 0,
+    };
+    let mut outcome = Outcome::Good(Vec::new());
+    for c in copies {
+        let durable = !c.destination.lu.write_cache.on();
+        let len = c.blocks * u64::from(BLOCK);
+        let from = End {
+            export: c.source.export.clone(),
+            offset: c.source_lba * u64::from(BLOCK),
+        };
+        let to = End {
+            export: c.destination.export.clone(),
+            offset: c.destination_lba * u64::from(BLOCK),
+        };
+        match copy::copy(&from, &to, len, durable).await {
+            Ok(done) => debug!(
+                from = %c.source.name,
+                to = %c.destination.name,
+                in_kernel = done.in_kernel,
+                through_memory = done.through_memory,
+                "EXTENDED COPY segment"
+            ),
+            Err(e) => {
+                status.ok = false;
+                outcome = unit::failed(&e, true);
+                break;
+            }
+        }
+        status.segments += 1;
+        status.bytes += len;
+    }
+    if let Some(id) = list.list_id {
+        lun.served.lu.copies.put(&lun.nexus.name, id, status);
+    }
+    outcome
+}
+
+/// The served target whose unit is named `naa`: with its capacity in
+/// blocks and whether it may be written.
+fn find(lun: &Lun, naa: &[u8; 16]) -> Option<Found<Arc<Served>>> {
+    lun.shared.targets.iter().find_map(|t| {
+        let u = unit::describe(&t.export, &t.name, lun.tag, lun.shared.instance);
+        (u.naa() == *naa).then(|| (t.clone(), u.blocks, !u.read_only))
+    })
+}
