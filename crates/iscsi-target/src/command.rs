@@ -472,7 +472,8 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
             unitwide::execute(&lun.served, &lun.unit, &lun.nexus, cmd, data).await
         }
         Step::Medium(Command::ExtendedCopy { .. }) => {
-            xcopy::execute(lun, &data.unwrap_or_default()).await
+            let params = data.unwrap_or_default();
+            xcopy::execute(&lun.shared, lun.tag, &lun.served, &lun.nexus.name, &params).await
         }
         Step::Medium(cmd) => media::execute(export, &lun.unit, wce, cmd, data).await,
     };

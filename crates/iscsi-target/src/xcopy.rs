@@ -10,19 +10,27 @@ use braid_scsi::xcopy::{self, Found, Status};
 use braid_store::copy::{self, End};
 use tracing::debug;
 
-use super::command::Lun;
-use super::unit::{self, Outcome, BLOCK};
-use crate::Served;
+use braid_scsi::NexusName;
 
-/// Runs the EXTENDED COPY whose parameter list is `params`, sent to
-/// `lun`. Each segment's blocks reach stable storage before GOOD unless
-/// its destination's write cache is on, as a WRITE's would.
-pub async fn execute(lun: &Lun, params: &[u8]) -> Outcome {
+use super::unit::{self, Outcome, BLOCK};
+use crate::{Served, Shared};
+
+/// Runs the EXTENDED COPY whose parameter list is `params`, sent by
+/// `nexus` to `served` through the portal group `tag`. Each segment's
+/// blocks reach stable storage before GOOD unless its destination's
+/// write cache is on, as a WRITE's would.
+pub async fn execute(
+    shared: &Shared,
+    tag: u16,
+    served: &Served,
+    nexus: &NexusName,
+    params: &[u8],
+) -> Outcome {
     let list = match xcopy::parse(params) {
         Ok(l) => l,
         Err(sense) => return Outcome::Check(sense),
     };
-    let copies = match xcopy::resolve(&list, BLOCK, |naa| find(lun, naa)) {
+    let copies = match xcopy::resolve(&list, BLOCK, |naa| find(shared, tag, naa)) {
         Ok(c) => c,
         Err(sense) => return Outcome::Check(sense),
     };
@@ -61,16 +69,16 @@ pub async fn execute(lun: &Lun, params: &[u8]) -> Outcome {
         status.bytes += len;
     }
     if let Some(id) = list.list_id {
-        lun.served.lu.copies.put(&lun.nexus.name, id, status);
+        served.lu.copies.put(nexus, id, status);
     }
     outcome
 }
 
 /// The served target whose unit is named `naa`: with its capacity in
 /// blocks and whether it may be written.
-fn find(lun: &Lun, naa: &[u8; 16]) -> Option<Found<Arc<Served>>> {
-    lun.shared.targets.iter().find_map(|t| {
-        let u = unit::describe(&t.export, &t.name, lun.tag, lun.shared.instance);
+fn find(shared: &Shared, tag: u16, naa: &[u8; 16]) -> Option<Found<Arc<Served>>> {
+    shared.targets.iter().find_map(|t| {
+        let u = unit::describe(&t.export, &t.name, tag, shared.instance);
         (u.naa() == *naa).then(|| (t.clone(), u.blocks, !u.read_only))
     })
 }
