@@ -202,3 +202,42 @@ fn a_copy_within_one_export_with_overlapping_ranges_reads_before_it_writes() {
     let again = std::fs::read(dir.path().join(format!("random-{}-34.bin", 16 << 20))).unwrap();
     assert!(again == after, "a refused copy wrote nothing");
 }
+
+#[test]
+fn a_copy_into_an_export_another_host_reserved_is_a_reservation_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let serve = serve_two(dir.path(), port, 16 << 20);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Host A holds WRITE EXCLUSIVE on dst (register key 0xA, reserve).
+    let host_a = iscsikit::who("iqn.2026-11.org.example:host-a", 1);
+    let mut a = Initiator::login_as(addr, &format!("{PREFIX}dst"), &host_a);
+    for (action, kind, key, sa_key) in [(0u8, 0u8, 0u64, 0xa_u64), (1, 1, 0xa, 0)] {
+        let mut params = key.to_be_bytes().to_vec();
+        params.extend_from_slice(&sa_key.to_be_bytes());
+        params.extend_from_slice(&[0; 8]);
+        let r = a.exec(&[0x5f, action, kind, 0, 0, 0, 0, 0, 24, 0], &params, 0);
+        assert!(r.good(), "PERSISTENT RESERVE OUT {action}: {r:?}");
+    }
+    // Host B copies src onto dst through its session to src.
+    let host_b = iscsikit::who("iqn.2026-11.org.example:host-b", 1);
+    let mut b = Initiator::login_as(addr, &format!("{PREFIX}src"), &host_b);
+    let mut dst_naa = login(port, "dst");
+    let targets = [target(&naa(&mut b)), target(&naa(&mut dst_naa))];
+    let r = extended_copy(&mut b, 3, &targets, &[segment(0, 1, 2048, 0, 0)]);
+    assert_eq!(
+        r.status,
+        iscsikit::RESERVATION_CONFLICT,
+        "{r:?}\n{}",
+        serve.log()
+    );
+    let dst = std::fs::read(dir.path().join("dst.img")).unwrap();
+    assert!(
+        dst.iter().all(|&x| x == 0),
+        "nothing reached the reserved export"
+    );
+    // Host A's own copy goes through its reservation.
+    let mut a_src = Initiator::login_as(addr, &format!("{PREFIX}src"), &host_a);
+    let r = extended_copy(&mut a_src, 3, &targets, &[segment(0, 1, 2048, 0, 0)]);
+    assert!(r.good(), "the holder's copy: {r:?}");
+}

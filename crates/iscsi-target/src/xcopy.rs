@@ -2,7 +2,10 @@
 //! [`braid_scsi::xcopy`], each unit it names found among every target
 //! this server serves (by the NAA designator VPD page 0x83 gives it, so
 //! a copy may go from one export to another), then copied by the store
-//! ([`braid_store::copy`]) without the data crossing the network.
+//! ([`braid_store::copy`]) without the data crossing the network. A
+//! unit other than the one the command was sent to is held to its own
+//! reservations, as the same initiator port's READ or WRITE through this
+//! target port would be.
 
 use std::sync::Arc;
 
@@ -10,7 +13,7 @@ use braid_scsi::xcopy::{self, Found, Status};
 use braid_store::copy::{self, End};
 use tracing::debug;
 
-use braid_scsi::NexusName;
+use braid_scsi::{Command, NexusName};
 
 use super::unit::{self, Outcome, BLOCK};
 use crate::{Served, Shared};
@@ -34,6 +37,27 @@ pub async fn execute(
         Ok(c) => c,
         Err(sense) => return Outcome::Check(sense),
     };
+    // The unit the command was sent to passed the reservation rules as
+    // a write; any other a segment reads or writes passes them here, for
+    // the same initiator port through the same target port.
+    for c in &copies {
+        let blocks = u32::try_from(c.blocks).unwrap_or(u32::MAX);
+        let read = Command::Read {
+            lba: c.source_lba,
+            blocks,
+            fua: false,
+        };
+        let write = Command::Write {
+            lba: c.destination_lba,
+            blocks,
+            fua: false,
+        };
+        for (unit, cmd) in [(&c.source, read), (&c.destination, write)] {
+            if !std::ptr::eq(&**unit, served) && unit.lu.conflicts(nexus, &cmd) {
+                return Outcome::Conflict;
+            }
+        }
+    }
     let mut status = Status {
         ok: true,
         segments: 0,
