@@ -178,7 +178,7 @@ fn a_copy_within_one_export_with_overlapping_ranges_reads_before_it_writes() {
     let before = std::fs::read(dir.path().join(format!("random-{}-34.bin", 16 << 20))).unwrap();
     // 12 MiB from block 0 to block 4096 (2 MiB on), then 10 MiB from
     // block 8192 back to block 0: one range after its source, one before,
-    // each longer than the 8 MiB the target moves at a time.
+    // each longer than what the target moves at a time.
     let r = extended_copy(
         &mut i,
         1,

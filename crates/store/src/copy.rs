@@ -6,7 +6,7 @@
 //! (`copy_file_range`, which shares the blocks on a file system that
 //! can reflink and copies them in the page cache otherwise); anywhere
 //! else, and where the kernel refuses, the bytes are read and written
-//! through the [`exec`]utor in chunks of [`CHUNK`]. Either way each
+//! through the [`exec`]utor in chunks of [`MEMORY_CHUNK`]. Either way each
 //! chunk's destination range is held in the destination's range lock as
 //! any write's is, so a COMPARE AND WRITE never sees half of a chunk;
 //! and what fails is a block error of the executor's kinds, "storage
@@ -23,8 +23,13 @@ use crate::backend::Backend;
 use crate::exec::{self, Job};
 use crate::export::Export;
 
-/// Most bytes one step of a copy holds (in memory, or in the range lock).
+/// Most bytes one step of a copy by the kernel holds in the range lock.
 pub const CHUNK: u64 = 8 << 20;
+
+/// Most bytes one step of a copy through memory holds: with a command
+/// window of 64, a connection's copies hold at most 64 MiB, as its READs
+/// may.
+pub const MEMORY_CHUNK: u64 = 1 << 20;
 
 /// How a copy went: bytes the kernel copied between files, and bytes
 /// read and written through memory.
@@ -180,12 +185,12 @@ fn copy_range(src: RawFd, src_at: u64, dst: RawFd, dst_at: u64, len: u64) -> std
 /// end when the destination lies after an overlapping source, so no
 /// chunk is read after it was overwritten.
 async fn through_memory(from: &End, to: &End, len: u64, durable: bool) -> Result<(), Error> {
-    let chunks = len.div_ceil(CHUNK);
+    let chunks = len.div_ceil(MEMORY_CHUNK);
     let backwards = Arc::ptr_eq(&from.export, &to.export) && to.offset > from.offset;
     for i in 0..chunks {
         let i = if backwards { chunks - 1 - i } else { i };
-        let at = i * CHUNK;
-        let step = (len - at).min(CHUNK);
+        let at = i * MEMORY_CHUNK;
+        let step = (len - at).min(MEMORY_CHUNK);
         let read = Job::new(Op::Read, from.offset + at, step);
         let done = exec::submit(&from.export, read, None).await?;
         let mut data = Vec::with_capacity(step as usize);

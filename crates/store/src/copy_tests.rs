@@ -62,11 +62,15 @@ async fn files_of_this_host_are_copied_by_the_kernel_in_several_chunks() {
 #[tokio::test]
 async fn overlapping_ranges_of_one_export_end_as_if_read_first() {
     let dir = tempfile::tempdir().unwrap();
-    let size = 3 * CHUNK as usize;
-    for (from, to) in [(0u64, 4096u64), (4096, 0), (CHUNK - 512, CHUNK + 512)] {
+    let size = 3 * MEMORY_CHUNK as usize;
+    for (from, to) in [
+        (0u64, 4096u64),
+        (4096, 0),
+        (MEMORY_CHUNK - 512, MEMORY_CHUNK + 512),
+    ] {
         let data = pattern(size, 7);
         let e = file_export(dir.path(), "one", &data);
-        let len = CHUNK + 8192;
+        let len = MEMORY_CHUNK + 8192;
         let done = copy(&end(&e, from), &end(&e, to), len, false)
             .await
             .unwrap();
