@@ -34,7 +34,7 @@ use super::lu::Nexus;
 use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
 use super::task::{abort_all, Task};
 use super::unit::{self, Outcome};
-use super::{media, unitwide};
+use super::{media, unitwide, xcopy};
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -470,6 +470,10 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
         Step::Answer(outcome) => outcome,
         Step::UnitWide(cmd) => {
             unitwide::execute(&lun.served, &lun.unit, &lun.nexus, cmd, data).await
+        }
+        Step::Medium(Command::ExtendedCopy { .. }) => {
+            let params = data.unwrap_or_default();
+            xcopy::execute(&lun.shared, lun.tag, &lun.served, &lun.nexus.name, &params).await
         }
         Step::Medium(cmd) => media::execute(export, &lun.unit, wce, cmd, data).await,
     };

@@ -24,6 +24,7 @@ mod textreq;
 mod tmf;
 mod unit;
 mod unitwide;
+mod xcopy;
 
 use std::collections::HashMap;
 use std::io;

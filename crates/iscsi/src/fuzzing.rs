@@ -230,6 +230,7 @@ pub fn unit(data: &[u8]) -> usize {
     use braid_scsi::dispatch::{self, Medium, Outcome, Step};
     use braid_scsi::lu::{LogicalUnit, Nexus};
     use braid_scsi::respond::mode_select;
+    use braid_scsi::xcopy;
     use braid_scsi::{AccessState, Command, NexusName, PortGroup, Reservations};
 
     if data.len() < 16 {
@@ -320,6 +321,14 @@ pub fn unit(data: &[u8]) -> usize {
             }
             Step::Medium(Command::Unmap { .. }) => {
                 unmap_ranges(&data, 256).map(|_| Vec::new()).into()
+            }
+            Step::Medium(Command::ExtendedCopy { .. }) => {
+                let found =
+                    |naa: &[u8; 16]| (*naa == unit.naa()).then_some(((), unit.blocks, true));
+                xcopy::parse(&data)
+                    .and_then(|list| xcopy::resolve(&list, 512, found))
+                    .map(|_| Vec::new())
+                    .into()
             }
             Step::Medium(_) => Outcome::Good(Vec::new()),
         }

@@ -137,6 +137,18 @@ pub enum Command {
         kind: u8,
         param_len: u32,
     },
+    /// EXTENDED COPY (LID1): the copy is described in the parameter
+    /// list ([`crate::xcopy`]).
+    ExtendedCopy {
+        param_len: u32,
+    },
+    /// RECEIVE COPY RESULTS with this service action, about the copy
+    /// with list identifier `list_id`.
+    ReceiveCopyResults {
+        action: u8,
+        list_id: u8,
+        alloc: u32,
+    },
     /// RESERVE (6) or (10): the whole unit, for this I_T nexus.
     Reserve,
     /// RELEASE (6) or (10).
@@ -406,6 +418,14 @@ impl Command {
                     Command::Release
                 }
             }
+            0x83 if cdb[1] & 0x1f == 0x00 => Command::ExtendedCopy {
+                param_len: be32(&cdb[10..14]),
+            },
+            0x84 => Command::ReceiveCopyResults {
+                action: cdb[1] & 0x1f,
+                list_id: cdb[2],
+                alloc: be32(&cdb[10..14]),
+            },
             other => Command::Unsupported { opcode: other },
         })
     }
@@ -427,7 +447,8 @@ impl Command {
             | Command::OrWrite { blocks, .. } => Some(u64::from(blocks) * u64::from(block)),
             Command::Verify { bytchk: 3, .. } => Some(u64::from(block)),
             Command::ModeSelect { param_len, .. } => Some(u64::from(param_len)),
-            Command::PersistentReserveOut { param_len, .. } => Some(u64::from(param_len)),
+            Command::PersistentReserveOut { param_len, .. }
+            | Command::ExtendedCopy { param_len } => Some(u64::from(param_len)),
             _ => None,
         }
     }

@@ -10,7 +10,7 @@
 use crate::lu::{LogicalUnit, Nexus};
 use crate::reserve::Effects;
 use crate::respond::{self, Unit};
-use crate::{alua, check_range, opcodes, AccessState, Command, Delivery, NexusName};
+use crate::{alua, check_range, opcodes, xcopy, AccessState, Command, Delivery, NexusName};
 use crate::{PortGroup, Refusal, Reservations, Sense};
 
 /// Logical block size every LUN is offered with.
@@ -277,6 +277,11 @@ pub fn decide(
             offered(unit, medium, op, sa)
         })
         .into(),
+        Command::ReceiveCopyResults {
+            action,
+            list_id,
+            alloc,
+        } => xcopy::receive_copy_results(action, alloc, || lu.copies.get(me, list_id)).into(),
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }

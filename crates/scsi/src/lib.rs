@@ -5,7 +5,8 @@
 //! ([`reserve`]) and the unit attentions each nexus is owed
 //! ([`attention`]), across every nexus of the unit ([`lu`]); the way one
 //! command goes through all of it ([`dispatch`]) and what a task
-//! management function covers ([`tmf`]). Like `braid-iscsi` for the transport, it owns no
+//! management function covers ([`tmf`]); EXTENDED COPY's parameter
+//! list and limits ([`xcopy`]). Like `braid-iscsi` for the transport, it owns no
 //! socket, task, file or clock; the iSCSI target (`braid-iscsi-target`)
 //! moves the bytes and calls the storage.
 
@@ -21,6 +22,7 @@ pub mod reserve;
 pub mod respond;
 pub mod sense;
 pub mod tmf;
+pub mod xcopy;
 
 pub use alua::{AccessState, PortGroup};
 pub use attention::{Attentions, Delivery};

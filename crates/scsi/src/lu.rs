@@ -39,6 +39,8 @@ pub struct LogicalUnit {
     /// change, so that a command's check takes no lock while none is
     /// (the common case, on every command of every session).
     held: AtomicBool,
+    /// The results of EXTENDED COPY commands, for COPY STATUS.
+    pub copies: crate::xcopy::Results,
 }
 
 /// The reservations, locked; whether one is held is noted again when the
@@ -104,6 +106,7 @@ impl LogicalUnit {
             next: AtomicU64::new(0),
             held: AtomicBool::new(reservations.held()),
             reservations: Mutex::new(reservations),
+            copies: crate::xcopy::Results::default(),
         }
     }
 

@@ -60,6 +60,16 @@ const TABLE: &[Entry] = &[
     e(0x5f, Some(5), &[0x5f, 0x1f, F, 0, 0, F, F, F, F, 0]),
     e(0x5f, Some(6), &[0x5f, 0x1f, F, 0, 0, F, F, F, F, 0]),
     e(
+        0x83,
+        Some(0x00),
+        &[0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    e(
+        0x84,
+        Some(0x03),
+        &[0x84, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    e(
         0x88,
         None,
         &[0x88, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],

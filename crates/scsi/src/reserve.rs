@@ -121,6 +121,7 @@ fn access(cmd: &Command) -> Access {
         | Command::SynchronizeCache { .. }
         | Command::WriteAndVerify { .. }
         | Command::OrWrite { .. }
+        | Command::ExtendedCopy { .. }
         | Command::ModeSelect { .. } => Access::Write,
         _ => Access::Free,
     }

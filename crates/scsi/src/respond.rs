@@ -45,7 +45,7 @@ pub const MAX_COMPARE_AND_WRITE_BLOCKS: u32 = 1;
 
 /// VPD pages every unit answers, in the order page 0x00 lists them; a
 /// unit with an instance adds braid's page 0xC0 after them.
-pub const VPD_PAGES: [u8; 7] = [0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2];
+pub const VPD_PAGES: [u8; 8] = [0x00, 0x80, 0x83, 0x86, 0x8f, 0xb0, 0xb1, 0xb2];
 
 /// The IEEE COMPANY_ID field of braid's NAA designators.
 ///
@@ -93,6 +93,7 @@ impl Unit {
             Some(0x80) => page(0x80, self.serial().into_bytes()),
             Some(0x83) => page(0x83, self.designators()),
             Some(0x86) => page(0x86, self.extended_inquiry()),
+            Some(0x8f) => page(0x8f, super::xcopy::third_party_copy_page()),
             Some(0xb0) => page(0xb0, self.block_limits()),
             Some(0xb1) => {
                 let mut p = vec![0u8; 0x3c];

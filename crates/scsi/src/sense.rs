@@ -23,6 +23,7 @@ pub enum Key {
     IllegalRequest = 0x5,
     UnitAttention = 0x6,
     DataProtect = 0x7,
+    CopyAborted = 0xa,
     AbortedCommand = 0xb,
     Miscompare = 0xe,
 }

@@ -202,7 +202,7 @@ fn standard_inquiry_says_alua_and_multiport() {
 fn vpd_pages_list_serial_and_designators() {
     let u = unit();
     let d = u.inquiry(Some(0x00), 255).unwrap();
-    assert_eq!(&d[..4], &[0, 0, 0, 7]);
+    assert_eq!(&d[..4], &[0, 0, 0, 8]);
     assert_eq!(&d[4..], &VPD_PAGES);
     assert_eq!(
         u.inquiry(Some(0xc0), 255),
@@ -215,9 +215,9 @@ fn vpd_pages_list_serial_and_designators() {
         ..unit()
     };
     let d = braid.inquiry(Some(0x00), 255).unwrap();
-    assert_eq!(&d[..4], &[0, 0, 0, 8]);
-    assert_eq!(d[4..11], VPD_PAGES);
-    assert_eq!(d[11], 0xc0);
+    assert_eq!(&d[..4], &[0, 0, 0, 9]);
+    assert_eq!(d[4..12], VPD_PAGES);
+    assert_eq!(d[12], 0xc0);
     let d = braid.inquiry(Some(0xc0), 255).unwrap();
     assert_eq!(&d[..12], b"\x00\xc0\x00\x18braid   ");
     assert_eq!(super::decode_instance_page(&d), Some(0xfeed));

@@ -5,12 +5,14 @@
 //! server listens on, and the limits it keeps.
 //!
 //! Every front end (NBD, iSCSI) serves the exports of this crate, and runs
-//! its operations through the one [`exec`]utor.
+//! its operations through the one [`exec`]utor; a copy the server makes
+//! itself (SCSI EXTENDED COPY) goes through [`copy`].
 
 pub mod access;
 pub mod backend;
 mod capabilities;
 pub mod compound;
+pub mod copy;
 pub mod exec;
 pub mod export;
 pub mod hold;

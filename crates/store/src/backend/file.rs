@@ -239,6 +239,10 @@ impl Backend for FileBackend {
         self.in_memory.then(|| self.file.as_raw_fd())
     }
 
+    fn copy_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
     }

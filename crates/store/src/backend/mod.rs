@@ -138,6 +138,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The file the bytes live in, whole and as they are, when the kernel
+    /// may copy between it and another such file (`copy_file_range`:
+    /// a server-side copy, see [`crate::copy`]).
+    fn copy_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
     /// Prefetches a range; a hint.
     ///
     /// # Errors
