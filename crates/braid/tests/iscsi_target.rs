@@ -303,16 +303,28 @@ fn iscsi_connections_are_bounded_per_client_and_must_log_in_in_time() {
 #[test]
 fn targets_are_named_after_the_operators_iqn_prefix() {
     let port = free_port();
-    let _serve = Serve::start(&[
+    let serve = Serve::start(&[
         "--iscsi",
         &port.to_string(),
         "--iscsi-iqn",
         "iqn.2024-05.com.example.nas",
         "vol=mem:1MiB",
+        "db_1=mem:1MiB",
     ]);
     let addr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut i = iscsikit::Initiator::login(addr, "iqn.2024-05.com.example.nas:vol");
     assert!(i.exec(&[0; 6], &[], 0).good(), "TEST UNIT READY");
+    // An export name RFC 3722 does not allow is served, with a warning
+    // that initiators checking names may refuse it; a good one is not.
+    assert!(
+        logged(
+            &serve,
+            "iSCSI target iqn.2024-05.com.example.nas:db_1 has '_' at byte"
+        ),
+        "{}",
+        serve.log()
+    );
+    assert!(!serve.log().contains("nas:vol has"), "{}", serve.log());
     let out = Command::new(env!("CARGO_BIN_EXE_braid"))
         .args([
             "serve",

@@ -61,6 +61,15 @@ pub async fn start(
     }
     for name in server.target_names() {
         info!("iSCSI target {name}");
+        // braid's target takes its own names as they are (an export may
+        // be called `db_1`), but initiators that check RFC 3722 refuse to
+        // log in to such a target, so say so where the operator looks.
+        if let Err(why) = braid_iscsi::names::check(&name) {
+            warn!(
+                "iSCSI target {name} {why}: initiators that check names (RFC 3722) may refuse \
+                 it; name the export with lower-case letters, digits, '-', '.' and ':' only"
+            );
+        }
     }
     let handle = server.handle();
     let stop = target.stop_handle().subscribe();
