@@ -31,7 +31,7 @@ use tracing::warn;
 use super::answer::{check, conflict, outcome_batch, response, ZERO};
 use super::budget::{ConnBudget, Held};
 use super::lu::Nexus;
-use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
+use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
 use super::unit::{self, Outcome};
 use super::{media, unitwide};
@@ -59,30 +59,6 @@ pub(crate) struct Lun {
     /// Told when a command found the storage lost to this server: the
     /// connection then closes (see [`Outcome::Lost`]).
     pub lost: Arc<Notify>,
-}
-
-/// A place in the command window, given back when the task ends.
-#[derive(Debug)]
-pub(crate) struct Slot(Option<SharedWindow>);
-
-impl Slot {
-    /// The place a non-immediate command took.
-    pub fn taken(window: &SharedWindow) -> Self {
-        Self(Some(window.clone()))
-    }
-
-    /// Immediate commands take none.
-    pub fn none() -> Self {
-        Self(None)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(w) = &self.0 {
-            lock(w).finish();
-        }
-    }
 }
 
 /// A WRITE waiting for its data.
@@ -177,11 +153,10 @@ impl Commands {
         }
     }
 
-    fn check(&self, itt: u32, sense: Sense) {
-        self.outbox.send(Batch {
-            pdus: vec![check(itt, sense)],
-            permit: None,
-        });
+    /// CHECK CONDITION with `sense`; `slot` goes back once it is sent.
+    fn check(&self, itt: u32, sense: Sense, slot: Slot) {
+        self.outbox
+            .send(Batch::of(vec![check(itt, sense)]).with_slot(slot));
     }
 
     /// A SCSI Command PDU, taken in CmdSN order with `slot`.
@@ -192,7 +167,7 @@ impl Commands {
         let lun = b.lun() >> 48;
         let cmd = match Command::parse(&b.0[32..48]) {
             Ok(cmd) => cmd,
-            Err(sense) => return self.check(itt, sense),
+            Err(sense) => return self.check(itt, sense, slot),
         };
         // Another LUN, a unit attention, the port's access state: all
         // answered at once, without the backend.
@@ -200,22 +175,20 @@ impl Commands {
         if let Some(outcome) = dispatch::admit(&self.lun.unit, &self.lun.nexus, state, lun, &cmd) {
             return self
                 .outbox
-                .send(outcome_batch(itt, outcome, expected, &self.params, None));
+                .send(outcome_batch(itt, outcome, expected, &self.params, None).with_slot(slot));
         }
         let set = &self.lun.served.lu.tasks;
         let Ok(task) = set.enter(self.lun.nexus.id, itt, &self.owner) else {
             warn!(itt, "a task tag already in use");
-            return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00));
+            return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00), slot);
         };
         // Checked once the task is in the set: a PREEMPT AND ABORT that
         // removes this nexus' registration after the check finds the task
         // there and aborts it.
         if self.lun.served.lu.conflicts(&self.lun.nexus.name, &cmd) {
             if task.ctl.answer() {
-                self.outbox.send(Batch {
-                    pdus: vec![conflict(itt)],
-                    permit: None,
-                });
+                self.outbox
+                    .send(Batch::of(vec![conflict(itt)]).with_slot(slot));
             }
             return;
         }
@@ -231,7 +204,6 @@ impl Commands {
         }
         .min(unit::MAX_TRANSFER);
         self.run_command(want, async move {
-            let _slot = slot;
             let permit = tokio::select! {
                 p = reads.hold(want as usize) => p,
                 () = task.ctl.until_aborted() => return,
@@ -239,7 +211,7 @@ impl Commands {
             let Some(outcome) = run(&lun, &task, cmd, None).await else {
                 return;
             };
-            outbox.send(outcome_batch(itt, outcome, expected, &params, permit));
+            outbox.send(outcome_batch(itt, outcome, expected, &params, permit).with_slot(slot));
         });
     }
 
@@ -257,17 +229,14 @@ impl Commands {
         let expected = b.u32_at(20);
         let (cmd, cdb_bytes, total) = match moved {
             Ok(m) => m,
-            Err(sense) => return self.check(itt, sense),
+            Err(sense) => return self.check(itt, sense, slot),
         };
         let room = (self.pending_bytes + total as usize <= MAX_PENDING_WRITE_BYTES)
             .then(|| self.reads.try_hold_write(total as usize))
             .flatten();
         let Some(room) = room else {
             let r = response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
-            return self.outbox.send(Batch {
-                pdus: vec![r],
-                permit: None,
-            });
+            return self.outbox.send(Batch::of(vec![r]).with_slot(slot));
         };
         // Immediate data past what moves is not used (the initiator sent
         // up to its expected length).
@@ -284,7 +253,7 @@ impl Commands {
             Ok(t) => t,
             Err(e) => {
                 warn!("WRITE refused: {e}");
-                return self.check(itt, Sense::new(Key::AbortedCommand, 0x0c, 0x0d));
+                return self.check(itt, Sense::new(Key::AbortedCommand, 0x0c, 0x0d), slot);
             }
         };
         let mut buf = vec![0u8; total as usize];
@@ -316,7 +285,7 @@ impl Commands {
             .map(|r| Out::new(r.bhs(itt, w.lun_field, ZERO), Bytes::new(), Sn::Shows))
             .collect();
         if !pdus.is_empty() {
-            self.outbox.send(Batch { pdus, permit: None });
+            self.outbox.send(Batch::of(pdus));
         }
     }
 
@@ -339,7 +308,8 @@ impl Commands {
                 warn!("WRITE data out of turn: {e}");
                 let w = self.take(itt);
                 if w.task.ctl.answer() {
-                    self.check(itt, Sense::new(Key::AbortedCommand, 0x4b, 0x00));
+                    let sense = Sense::new(Key::AbortedCommand, 0x4b, 0x00);
+                    self.check(itt, sense, w.slot);
                 }
                 return;
             }
@@ -387,7 +357,7 @@ impl Commands {
         self.run_command(w.buf.len() as u32, async move {
             let PendingWrite {
                 task,
-                slot: _slot,
+                slot,
                 cmd,
                 cdb_bytes,
                 expected,
@@ -414,7 +384,7 @@ impl Commands {
                 // Never sent: `run` closes the connection instead.
                 Outcome::Lost => Vec::new(),
             };
-            outbox.send(Batch { pdus, permit: None });
+            outbox.send(Batch::of(pdus).with_slot(slot));
         });
     }
 

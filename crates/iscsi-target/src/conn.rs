@@ -12,7 +12,7 @@ use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
 use braid_iscsi::text_exchange::TextExchange;
 use braid_iscsi::transfer::NO_TAG;
-use braid_iscsi::window::{Place, Window};
+use braid_iscsi::window::{Immediate, Place, Window};
 use braid_iscsi::Digests;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,8 +21,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::answer;
-use super::command::{Commands, Lun, Slot};
-use super::out::{self, lock, Outbox, Sn};
+use super::command::{Commands, Lun};
+use super::out::{self, lock, Batch, Out, Outbox, Slot, Sn};
 use super::sessions::{Key, Registration};
 use super::{textreq, tmf, unit, Served, Shared};
 
@@ -220,7 +220,15 @@ async fn full_feature(
     // (initiators' NOP-Out pings keep a live one open).
     let mut last = tokio::time::Instant::now();
     let result = loop {
-        let pdu = match framer.next(&mut buf) {
+        // While the writer is behind, no more PDUs are taken: what they
+        // would answer could only wait in memory (see `out.rs`).
+        let room = outbox.has_room();
+        let next = if room {
+            framer.next(&mut buf)
+        } else {
+            Ok(None)
+        };
+        let pdu = match next {
             Ok(Some(p)) => p,
             Err(e) => break Err(e.to_string()),
             Ok(None) => {
@@ -235,11 +243,12 @@ async fn full_feature(
                     (at, quiet, t)
                 });
                 tokio::select! {
-                    r = rd.read_buf(&mut buf) => match r {
+                    r = rd.read_buf(&mut buf), if room => match r {
                         Ok(0) => break Ok(()),
                         Ok(_) => continue,
                         Err(e) => break Err(e.to_string()),
                     },
+                    () = outbox.room(), if !room => continue,
                     () = notified(lost.as_deref()) => {
                         break Err("the storage is lost to this server: closing".into());
                     }
@@ -355,10 +364,7 @@ async fn handle(
     if b.opcode() == Opcode::DataOut {
         match cmds {
             Some(c) if c.awaits_data(b.itt()) => c.data_out(pdu),
-            _ => outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x09)],
-                permit: None,
-            }),
+            _ => outbox.send(Batch::of(vec![answer::reject(pdu, 0x09)])),
         }
         return Ok(true);
     }
@@ -368,7 +374,21 @@ async fn handle(
     let cmd_sn = b.u32_at(24);
     let slot = {
         let mut w = lock(window);
-        if b.immediate() {
+        if b.immediate() && b.opcode() == Opcode::ScsiCommand {
+            match w.take_immediate(cmd_sn) {
+                Immediate::Take => Slot::immediate(window),
+                Immediate::Reject => {
+                    drop(w);
+                    debug!(cmd_sn, "immediate command past the bound rejected");
+                    outbox.send(Batch::of(vec![answer::reject(pdu, 0x06)]));
+                    return Ok(true);
+                }
+                Immediate::Ignore => {
+                    debug!(cmd_sn, "immediate command outside the window ignored");
+                    return Ok(true);
+                }
+            }
+        } else if b.immediate() {
             if !w.immediate_ok(cmd_sn) {
                 debug!(cmd_sn, "immediate command outside the window ignored");
                 return Ok(true);
@@ -395,7 +415,8 @@ async fn handle(
                 let mut r = reply(Opcode::NopIn);
                 r.set_lun(b.lun());
                 r.set_u32(20, NO_TAG);
-                outbox.pdu(r, pdu.data.clone(), Sn::Takes);
+                let data = answer::echo(&pdu.data, s.params.peer_max_recv_data);
+                outbox.send(Batch::of(vec![Out::new(r, data, Sn::Takes)]).with_slot(slot));
             }
         }
         Opcode::TextRequest => textreq::respond(texts, pdu, s, visible, &ctx.shared, outbox),
@@ -410,33 +431,24 @@ async fn handle(
         }
         Opcode::TaskMgmtRequest => {
             let Some(c) = cmds else {
-                outbox.send(out::Batch {
-                    pdus: vec![answer::reject(pdu, 0x04)],
-                    permit: None,
-                });
+                outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)]));
                 return Ok(true);
             };
             let (lun, outbox, req) = (c.lun.clone(), outbox.clone(), pdu.clone());
             let exp = lock(window).exp;
             c.spawn(async move {
-                let _slot = slot;
                 let code = tmf::perform(&lun, &req.bhs, exp).await;
-                outbox.pdu(tmf::response(&req, code), Bytes::new(), Sn::Takes);
+                let r = Out::new(tmf::response(&req, code), Bytes::new(), Sn::Takes);
+                outbox.send(Batch::of(vec![r]).with_slot(slot));
             });
         }
         Opcode::ScsiCommand => match cmds {
             Some(c) => c.command(pdu, slot),
-            None => outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x04)],
-                permit: None,
-            }),
+            None => outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)])),
         },
         other => {
             warn!(?other, "unexpected PDU in the full feature phase");
-            outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x04)],
-                permit: None,
-            });
+            outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)]));
         }
     }
     Ok(true)
