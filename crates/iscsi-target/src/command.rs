@@ -13,8 +13,9 @@
 //! store's limits allow per connection and across the server
 //! (`budget.rs`; past them READs wait their turn).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use braid_iscsi::negotiate::Params;
 use braid_iscsi::pdu::Pdu;
@@ -33,6 +34,7 @@ use super::budget::{ConnBudget, Held};
 use super::lu::Nexus;
 use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
+use super::timers::Awaited;
 use super::unit::{self, Outcome};
 use super::{media, unitwide};
 use super::{Served, Shared};
@@ -93,12 +95,21 @@ pub(crate) struct Commands {
     reads: ConnBudget,
     pending: HashMap<u32, PendingWrite>,
     pending_bytes: usize,
+    /// When each pending WRITE last heard of its data.
+    awaited: Awaited,
+    /// Tags of WRITEs aborted while owed data, latest last: Data-Out
+    /// that the initiator still sends for them is dropped unanswered.
+    aborted: VecDeque<u32>,
     running: JoinSet<()>,
 }
+
+/// Aborted WRITEs remembered for their late Data-Out: a window's worth.
+const ABORTED_REMEMBERED: usize = 64;
 
 impl Commands {
     pub fn new(lun: Arc<Lun>, outbox: Outbox, params: Params) -> Self {
         let reads = lun.shared.budget.connection(lun.shared.limits.max_bytes);
+        let awaited = Awaited::new(lun.shared.timers.data_out);
         Self {
             lun,
             outbox,
@@ -107,6 +118,8 @@ impl Commands {
             reads,
             pending: HashMap::new(),
             pending_bytes: 0,
+            awaited,
+            aborted: VecDeque::new(),
             running: JoinSet::new(),
         }
     }
@@ -163,6 +176,8 @@ impl Commands {
     pub fn command(&mut self, pdu: &Pdu, slot: Slot) {
         let b = pdu.bhs;
         let itt = b.itt();
+        // The tag is the new command's now, not an aborted WRITE's.
+        self.aborted.retain(|t| *t != itt);
         let expected = b.u32_at(20);
         let lun = b.lun() >> 48;
         let cmd = match Command::parse(&b.0[32..48]) {
@@ -273,6 +288,12 @@ impl Commands {
             return self.finish_write(itt, w);
         }
         self.send_r2ts(itt, &mut w);
+        self.keep(itt, w);
+    }
+
+    /// Keeps `w` waiting for its data, the timeout running from now.
+    fn keep(&mut self, itt: u32, w: PendingWrite) {
+        self.awaited.wait(itt, std::time::Instant::now());
         self.pending_bytes += w.buf.len();
         self.pending.insert(itt, w);
     }
@@ -289,9 +310,10 @@ impl Commands {
         }
     }
 
-    /// Whether `itt` names a WRITE waiting for data.
+    /// Whether `itt` names a WRITE waiting for data, or one aborted
+    /// while it did (whose late data is dropped).
     pub fn awaits_data(&self, itt: u32) -> bool {
-        self.pending.contains_key(&itt)
+        self.pending.contains_key(&itt) || self.aborted.contains(&itt)
     }
 
     /// A Data-Out PDU for a waiting WRITE.
@@ -316,39 +338,58 @@ impl Commands {
         };
         w.buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
         if w.task.ctl.aborted() {
-            // Data that was asked for is taken and dropped, until none is
-            // owed any more.
-            if !w.transfer.awaiting_solicited() {
-                self.take(itt);
-            }
+            self.drop_aborted(itt);
         } else if w.transfer.complete() {
             let w = self.take(itt);
             self.finish_write(itt, w);
         } else {
             let mut w = self.take(itt);
             self.send_r2ts(itt, &mut w);
-            self.pending_bytes += w.buf.len();
-            self.pending.insert(itt, w);
+            self.keep(itt, w);
         }
     }
 
     fn take(&mut self, itt: u32) -> PendingWrite {
         let w = self.pending.remove(&itt).expect("present");
+        self.awaited.forget(itt);
         self.pending_bytes -= w.buf.len();
         w
     }
 
-    /// Forgets aborted WRITEs that owe no more data.
+    /// Ends an aborted WRITE at once, data owed or not, so that its abort
+    /// answers: an initiator stops sending data for a task it aborts
+    /// (Linux does), and one that has died sends none. What data still
+    /// comes for it is dropped ([`Self::awaits_data`]).
+    fn drop_aborted(&mut self, itt: u32) {
+        if self.take(itt).transfer.awaiting_solicited() {
+            if self.aborted.len() == ABORTED_REMEMBERED {
+                self.aborted.pop_front();
+            }
+            self.aborted.push_back(itt);
+        }
+    }
+
+    /// Ends aborted WRITEs that wait for data (see [`Self::drop_aborted`]).
     pub fn sweep(&mut self) {
         let done: Vec<u32> = self
             .pending
             .iter()
-            .filter(|(_, w)| w.task.ctl.aborted() && !w.transfer.awaiting_solicited())
+            .filter(|(_, w)| w.task.ctl.aborted())
             .map(|(itt, _)| *itt)
             .collect();
         for itt in done {
-            self.take(itt);
+            self.drop_aborted(itt);
         }
+    }
+
+    /// When the first WRITE owed data has waited the Data-Out timeout.
+    pub fn data_out_due(&self) -> Option<std::time::Instant> {
+        self.awaited.next()
+    }
+
+    /// A WRITE whose data is overdue at `now`, and how long it waited.
+    pub fn data_out_overdue(&self, now: std::time::Instant) -> Option<(u32, Duration)> {
+        self.awaited.overdue(now)
     }
 
     fn finish_write(&mut self, itt: u32, w: PendingWrite) {
@@ -401,6 +442,7 @@ impl Commands {
         let nexus = self.lun.nexus.id;
         let mine = self.lun.served.lu.tasks.select(|n, _| n == nexus);
         self.pending.clear();
+        self.awaited = Awaited::new(self.lun.shared.timers.data_out);
         self.pending_bytes = 0;
         abort_all(&mine).await;
         while self.running.join_next().await.is_some() {}
@@ -409,6 +451,7 @@ impl Commands {
     /// Waits for every running task to end on its own (a logout).
     pub async fn drain(&mut self) {
         self.pending.clear();
+        self.awaited = Awaited::new(self.lun.shared.timers.data_out);
         self.pending_bytes = 0;
         while self.running.join_next().await.is_some() {}
     }

@@ -24,6 +24,7 @@ use super::answer;
 use super::command::{Commands, Lun};
 use super::out::{self, lock, Batch, Out, Outbox, Slot, Sn};
 use super::sessions::{Key, Registration};
+use super::timers::{Liveness, Tick};
 use super::{textreq, tmf, unit, Served, Shared};
 
 /// Commands the target lets an initiator have running at once, unless
@@ -219,6 +220,10 @@ async fn full_feature(
     // none for the idle timeout is closed, as an idle NBD connection is
     // (initiators' NOP-Out pings keep a live one open).
     let mut last = tokio::time::Instant::now();
+    let mut alive = Liveness::new(&ctx.shared.timers, std::time::Instant::now());
+    // Set when the initiator is taken for gone: what is queued for it is
+    // dropped, not waited on (it may never read again).
+    let mut cut = false;
     let result = loop {
         // While the writer is behind, no more PDUs are taken: what they
         // would answer could only wait in memory (see `out.rs`).
@@ -274,6 +279,34 @@ async fn full_feature(
                         }
                         continue;
                     }
+                    () = until(cmds.as_ref().and_then(|c| c.data_out_due()).map(at)) => {
+                        let now = std::time::Instant::now();
+                        if let Some((itt, waited)) =
+                            cmds.as_ref().and_then(|c| c.data_out_overdue(now))
+                        {
+                            cut = true;
+                            break Err(format!(
+                                "no Data-Out for task {itt:#x} in {waited:?} \
+                                 (--iscsi-dataout-timeout): closing the connection"
+                            ));
+                        }
+                        continue;
+                    }
+                    () = until(alive.next().map(at)) => {
+                        match alive.tick(std::time::Instant::now()) {
+                            Tick::Wait => {}
+                            Tick::Ping(tag) => outbox.pdu(ping(tag), Bytes::new(), Sn::Shows),
+                            Tick::Dead(quiet) => {
+                                cut = true;
+                                break Err(format!(
+                                    "no answer to a NOP-In ping, silent for {quiet:?} \
+                                     (--iscsi-nopin-timeout): closing the connection \
+                                     and its session"
+                                ));
+                            }
+                        }
+                        continue;
+                    }
                     () = until(leaving) => {
                         info!("no logout after the server stopped: closing");
                         break Ok(());
@@ -286,6 +319,7 @@ async fn full_feature(
             }
         };
         last = tokio::time::Instant::now();
+        alive.heard(std::time::Instant::now());
         match handle(
             &pdu,
             &s,
@@ -308,7 +342,11 @@ async fn full_feature(
     }
     drop(cmds);
     drop(outbox);
-    let _ = writer.await;
+    if cut {
+        writer.abort();
+    } else {
+        let _ = writer.await;
+    }
     drop(registration);
     result
 }
@@ -322,6 +360,20 @@ fn logout_request() -> Bhs {
     b.0[36] = 1;
     b.0[42..44].copy_from_slice(&LOGOUT_GRACE_SECS.to_be_bytes());
     b
+}
+
+/// A NOP-In ping asking for an answer (RFC 7143 11.19: a Target
+/// Transfer Tag other than 0xffffffff, Initiator Task Tag 0xffffffff).
+fn ping(tag: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::NopIn);
+    b.set_final(true);
+    b.set_itt(NO_TAG);
+    b.set_u32(20, tag);
+    b
+}
+
+fn at(t: std::time::Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(t)
 }
 
 async fn until(at: Option<tokio::time::Instant>) {

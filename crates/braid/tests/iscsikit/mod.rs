@@ -406,6 +406,19 @@ impl Initiator {
                 if !unsolicited {
                     self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
                 }
+                let ttt = p.bhs.u32_at(20);
+                if unsolicited && ttt != 0xffff_ffff {
+                    // The target pings: answer with its tag, as
+                    // initiators do (RFC 7143 11.18).
+                    let mut b = Bhs::new(Opcode::NopOut);
+                    b.set_immediate(true);
+                    b.set_final(true);
+                    b.set_itt(0xffff_ffff);
+                    b.set_u32(20, ttt);
+                    b.set_u32(24, self.cmd_sn);
+                    b.set_u32(28, self.exp_stat_sn);
+                    self.send(&Pdu::new(b, Bytes::new()), self.digests);
+                }
                 self.other.push(p);
             }
         }
