@@ -295,7 +295,10 @@ async fn full_feature(
                     () = until(alive.next().map(at)) => {
                         match alive.tick(std::time::Instant::now()) {
                             Tick::Wait => {}
-                            Tick::Ping(tag) => outbox.pdu(ping(tag), Bytes::new(), Sn::Shows),
+                            Tick::Ping(tag) => {
+                                debug!(tag, "NOP-In ping");
+                                outbox.pdu(ping(tag), Bytes::new(), Sn::Shows);
+                            }
                             Tick::Dead(quiet) => {
                                 cut = true;
                                 break Err(format!(
