@@ -279,7 +279,9 @@ async fn full_feature(
                         }
                         continue;
                     }
-                    () = until(cmds.as_ref().and_then(|c| c.data_out_due()).map(at)) => {
+                    // Not while the reader is held back: the data may be
+                    // waiting, unread, in the socket.
+                    () = until(cmds.as_ref().and_then(|c| c.data_out_due()).map(at)), if room => {
                         let now = std::time::Instant::now();
                         if let Some((itt, waited)) =
                             cmds.as_ref().and_then(|c| c.data_out_overdue(now))
