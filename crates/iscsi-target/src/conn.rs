@@ -474,6 +474,8 @@ async fn handle(
                 r.set_u32(20, NO_TAG);
                 let data = answer::echo(&pdu.data, s.params.peer_max_recv_data);
                 outbox.send(Batch::of(vec![Out::new(r, data, Sn::Takes)]).with_slot(slot));
+            } else {
+                debug!(tag = b.u32_at(20), "NOP-In ping answered");
             }
         }
         Opcode::TextRequest => textreq::respond(texts, pdu, s, visible, &ctx.shared, outbox),
