@@ -9,12 +9,10 @@
 
 mod iscsikit;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use braid_iscsi_target::IscsiConfig;
-use braid_store::backend::FileBackend;
-use braid_store::{Export, Limits};
+use braid_store::Limits;
 use iscsikit::inproc::IscsiOnly;
 use iscsikit::{who, Initiator};
 
@@ -32,18 +30,11 @@ fn read16(lba: u64, blocks: u32) -> [u8; 16] {
 
 /// An iSCSI target over 64 MiB of memory with `limits`, in this process.
 fn start(limits: Limits) -> IscsiOnly {
-    let export = Arc::new(Export::local(
-        "vol",
-        "memory",
-        Arc::new(FileBackend::memory(64 << 20).expect("memory")),
-        false,
-        uuid::Uuid::new_v4(),
-    ));
     let cfg = IscsiConfig {
         limits,
         ..IscsiConfig::default()
     };
-    IscsiOnly::serving(cfg, export)
+    IscsiOnly::over_memory(cfg, 64 << 20)
 }
 
 /// `n` sessions of initiators named after `role`.

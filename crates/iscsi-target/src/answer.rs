@@ -60,33 +60,21 @@ pub(crate) fn outcome_batch(
     permit: Option<Held>,
 ) -> Batch {
     let data = match outcome {
-        Outcome::Check(sense) => {
-            return Batch {
-                pdus: vec![check(itt, sense)],
-                permit: None,
-            }
-        }
-        Outcome::Conflict => {
-            return Batch {
-                pdus: vec![conflict(itt)],
-                permit: None,
-            }
-        }
+        Outcome::Check(sense) => return Batch::of(vec![check(itt, sense)]),
+        Outcome::Conflict => return Batch::of(vec![conflict(itt)]),
         // Never sent: `run` closes the connection instead.
-        Outcome::Lost => {
-            return Batch {
-                pdus: Vec::new(),
-                permit: None,
-            }
-        }
+        Outcome::Lost => return Batch::of(Vec::new()),
         Outcome::Good(data) => data,
     };
     let have = data.len() as u32;
     if data.is_empty() || expected == 0 {
-        return Batch {
-            pdus: vec![response(itt, status::GOOD, Bytes::new(), have, expected)],
-            permit: None,
-        };
+        return Batch::of(vec![response(
+            itt,
+            status::GOOD,
+            Bytes::new(),
+            have,
+            expected,
+        )]);
     }
     let data = Bytes::from(data);
     let (peer_max, burst) = (params.peer_max_recv_data, params.max_burst);
@@ -102,15 +90,40 @@ pub(crate) fn outcome_batch(
             Out::new(d.bhs, slice, sn)
         })
         .collect();
-    Batch { pdus, permit }
+    let mut b = Batch::of(pdus);
+    b.permit = permit;
+    b
+}
+
+/// The data a NOP-In reflects of a ping's `data`: at most the
+/// initiator's MaxRecvDataSegmentLength, `peer_max` (RFC 7143 11.18.5
+/// limits reflected data to it). The ping itself is no protocol error:
+/// it fits the target's own MaxRecvDataSegmentLength, which the framer
+/// holds it to, so there is nothing to Reject; an echo that the initiator
+/// could not take would be the error, so the echo is cut instead.
+pub(crate) fn echo(data: &Bytes, peer_max: u32) -> Bytes {
+    data.slice(..data.len().min(peer_max as usize))
 }
 
 /// A Reject carrying the offending header (reason 0x04: protocol error,
-/// 0x09: invalid PDU field).
+/// 0x06: immediate command reject, 0x09: invalid PDU field).
 pub(crate) fn reject(pdu: &Pdu, reason: u8) -> Out {
     let mut r = Bhs::new(Opcode::Reject);
     r.set_final(true);
     r.set_itt(NO_TAG);
     r.0[2] = reason;
     Out::new(r, Bytes::copy_from_slice(&pdu.bhs.0), Sn::Takes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ping_is_echoed_no_longer_than_the_initiator_takes() {
+        let ping = Bytes::from(vec![7u8; 65536]);
+        assert_eq!(echo(&ping, 8192).len(), 8192);
+        assert_eq!(echo(&ping, 1 << 20).len(), 65536, "all of it when it fits");
+        assert!(echo(&Bytes::new(), 8192).is_empty());
+    }
 }

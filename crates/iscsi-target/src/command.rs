@@ -13,8 +13,9 @@
 //! store's limits allow per connection and across the server
 //! (`budget.rs`; past them READs wait their turn).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use braid_iscsi::negotiate::Params;
 use braid_iscsi::pdu::Pdu;
@@ -31,8 +32,9 @@ use tracing::warn;
 use super::answer::{check, conflict, outcome_batch, response, ZERO};
 use super::budget::{ConnBudget, Held};
 use super::lu::Nexus;
-use super::out::{lock, Batch, Out, Outbox, SharedWindow, Sn};
+use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
+use super::timers::Awaited;
 use super::unit::{self, Outcome};
 use super::{media, unitwide, xcopy};
 use super::{Served, Shared};
@@ -59,30 +61,6 @@ pub(crate) struct Lun {
     /// Told when a command found the storage lost to this server: the
     /// connection then closes (see [`Outcome::Lost`]).
     pub lost: Arc<Notify>,
-}
-
-/// A place in the command window, given back when the task ends.
-#[derive(Debug)]
-pub(crate) struct Slot(Option<SharedWindow>);
-
-impl Slot {
-    /// The place a non-immediate command took.
-    pub fn taken(window: &SharedWindow) -> Self {
-        Self(Some(window.clone()))
-    }
-
-    /// Immediate commands take none.
-    pub fn none() -> Self {
-        Self(None)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(w) = &self.0 {
-            lock(w).finish();
-        }
-    }
 }
 
 /// A WRITE waiting for its data.
@@ -117,12 +95,21 @@ pub(crate) struct Commands {
     reads: ConnBudget,
     pending: HashMap<u32, PendingWrite>,
     pending_bytes: usize,
+    /// When each pending WRITE last heard of its data.
+    awaited: Awaited,
+    /// Tags of WRITEs aborted while owed data, latest last: Data-Out
+    /// that the initiator still sends for them is dropped unanswered.
+    aborted: VecDeque<u32>,
     running: JoinSet<()>,
 }
+
+/// Aborted WRITEs remembered for their late Data-Out: a window's worth.
+const ABORTED_REMEMBERED: usize = 64;
 
 impl Commands {
     pub fn new(lun: Arc<Lun>, outbox: Outbox, params: Params) -> Self {
         let reads = lun.shared.budget.connection(lun.shared.limits.max_bytes);
+        let awaited = Awaited::new(lun.shared.timers.data_out);
         Self {
             lun,
             outbox,
@@ -131,6 +118,8 @@ impl Commands {
             reads,
             pending: HashMap::new(),
             pending_bytes: 0,
+            awaited,
+            aborted: VecDeque::new(),
             running: JoinSet::new(),
         }
     }
@@ -177,22 +166,23 @@ impl Commands {
         }
     }
 
-    fn check(&self, itt: u32, sense: Sense) {
-        self.outbox.send(Batch {
-            pdus: vec![check(itt, sense)],
-            permit: None,
-        });
+    /// CHECK CONDITION with `sense`; `slot` goes back once it is sent.
+    fn check(&self, itt: u32, sense: Sense, slot: Slot) {
+        self.outbox
+            .send(Batch::of(vec![check(itt, sense)]).with_slot(slot));
     }
 
     /// A SCSI Command PDU, taken in CmdSN order with `slot`.
     pub fn command(&mut self, pdu: &Pdu, slot: Slot) {
         let b = pdu.bhs;
         let itt = b.itt();
+        // The tag is the new command's now, not an aborted WRITE's.
+        self.aborted.retain(|t| *t != itt);
         let expected = b.u32_at(20);
         let lun = b.lun() >> 48;
         let cmd = match Command::parse(&b.0[32..48]) {
             Ok(cmd) => cmd,
-            Err(sense) => return self.check(itt, sense),
+            Err(sense) => return self.check(itt, sense, slot),
         };
         // Another LUN, a unit attention, the port's access state: all
         // answered at once, without the backend.
@@ -200,22 +190,20 @@ impl Commands {
         if let Some(outcome) = dispatch::admit(&self.lun.unit, &self.lun.nexus, state, lun, &cmd) {
             return self
                 .outbox
-                .send(outcome_batch(itt, outcome, expected, &self.params, None));
+                .send(outcome_batch(itt, outcome, expected, &self.params, None).with_slot(slot));
         }
         let set = &self.lun.served.lu.tasks;
         let Ok(task) = set.enter(self.lun.nexus.id, itt, &self.owner) else {
             warn!(itt, "a task tag already in use");
-            return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00));
+            return self.check(itt, Sense::new(Key::AbortedCommand, 0x4e, 0x00), slot);
         };
         // Checked once the task is in the set: a PREEMPT AND ABORT that
         // removes this nexus' registration after the check finds the task
         // there and aborts it.
         if self.lun.served.lu.conflicts(&self.lun.nexus.name, &cmd) {
             if task.ctl.answer() {
-                self.outbox.send(Batch {
-                    pdus: vec![conflict(itt)],
-                    permit: None,
-                });
+                self.outbox
+                    .send(Batch::of(vec![conflict(itt)]).with_slot(slot));
             }
             return;
         }
@@ -231,7 +219,6 @@ impl Commands {
         }
         .min(unit::MAX_TRANSFER);
         self.run_command(want, async move {
-            let _slot = slot;
             let permit = tokio::select! {
                 p = reads.hold(want as usize) => p,
                 () = task.ctl.until_aborted() => return,
@@ -239,7 +226,7 @@ impl Commands {
             let Some(outcome) = run(&lun, &task, cmd, None).await else {
                 return;
             };
-            outbox.send(outcome_batch(itt, outcome, expected, &params, permit));
+            outbox.send(outcome_batch(itt, outcome, expected, &params, permit).with_slot(slot));
         });
     }
 
@@ -257,17 +244,14 @@ impl Commands {
         let expected = b.u32_at(20);
         let (cmd, cdb_bytes, total) = match moved {
             Ok(m) => m,
-            Err(sense) => return self.check(itt, sense),
+            Err(sense) => return self.check(itt, sense, slot),
         };
         let room = (self.pending_bytes + total as usize <= MAX_PENDING_WRITE_BYTES)
             .then(|| self.reads.try_hold_write(total as usize))
             .flatten();
         let Some(room) = room else {
             let r = response(itt, status::TASK_SET_FULL, Bytes::new(), 0, 0);
-            return self.outbox.send(Batch {
-                pdus: vec![r],
-                permit: None,
-            });
+            return self.outbox.send(Batch::of(vec![r]).with_slot(slot));
         };
         // Immediate data past what moves is not used (the initiator sent
         // up to its expected length).
@@ -284,7 +268,7 @@ impl Commands {
             Ok(t) => t,
             Err(e) => {
                 warn!("WRITE refused: {e}");
-                return self.check(itt, Sense::new(Key::AbortedCommand, 0x0c, 0x0d));
+                return self.check(itt, Sense::new(Key::AbortedCommand, 0x0c, 0x0d), slot);
             }
         };
         let mut buf = vec![0u8; total as usize];
@@ -304,6 +288,12 @@ impl Commands {
             return self.finish_write(itt, w);
         }
         self.send_r2ts(itt, &mut w);
+        self.keep(itt, w);
+    }
+
+    /// Keeps `w` waiting for its data, the timeout running from now.
+    fn keep(&mut self, itt: u32, w: PendingWrite) {
+        self.awaited.wait(itt, std::time::Instant::now());
         self.pending_bytes += w.buf.len();
         self.pending.insert(itt, w);
     }
@@ -316,13 +306,14 @@ impl Commands {
             .map(|r| Out::new(r.bhs(itt, w.lun_field, ZERO), Bytes::new(), Sn::Shows))
             .collect();
         if !pdus.is_empty() {
-            self.outbox.send(Batch { pdus, permit: None });
+            self.outbox.send(Batch::of(pdus));
         }
     }
 
-    /// Whether `itt` names a WRITE waiting for data.
+    /// Whether `itt` names a WRITE waiting for data, or one aborted
+    /// while it did (whose late data is dropped).
     pub fn awaits_data(&self, itt: u32) -> bool {
-        self.pending.contains_key(&itt)
+        self.pending.contains_key(&itt) || self.aborted.contains(&itt)
     }
 
     /// A Data-Out PDU for a waiting WRITE.
@@ -339,46 +330,66 @@ impl Commands {
                 warn!("WRITE data out of turn: {e}");
                 let w = self.take(itt);
                 if w.task.ctl.answer() {
-                    self.check(itt, Sense::new(Key::AbortedCommand, 0x4b, 0x00));
+                    let sense = Sense::new(Key::AbortedCommand, 0x4b, 0x00);
+                    self.check(itt, sense, w.slot);
                 }
                 return;
             }
         };
         w.buf[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
         if w.task.ctl.aborted() {
-            // Data that was asked for is taken and dropped, until none is
-            // owed any more.
-            if !w.transfer.awaiting_solicited() {
-                self.take(itt);
-            }
+            self.drop_aborted(itt);
         } else if w.transfer.complete() {
             let w = self.take(itt);
             self.finish_write(itt, w);
         } else {
             let mut w = self.take(itt);
             self.send_r2ts(itt, &mut w);
-            self.pending_bytes += w.buf.len();
-            self.pending.insert(itt, w);
+            self.keep(itt, w);
         }
     }
 
     fn take(&mut self, itt: u32) -> PendingWrite {
         let w = self.pending.remove(&itt).expect("present");
+        self.awaited.forget(itt);
         self.pending_bytes -= w.buf.len();
         w
     }
 
-    /// Forgets aborted WRITEs that owe no more data.
+    /// Ends an aborted WRITE at once, data owed or not, so that its abort
+    /// answers: an initiator stops sending data for a task it aborts
+    /// (Linux does), and one that has died sends none. What data still
+    /// comes for it is dropped ([`Self::awaits_data`]).
+    fn drop_aborted(&mut self, itt: u32) {
+        if self.take(itt).transfer.awaiting_solicited() {
+            if self.aborted.len() == ABORTED_REMEMBERED {
+                self.aborted.pop_front();
+            }
+            self.aborted.push_back(itt);
+        }
+    }
+
+    /// Ends aborted WRITEs that wait for data (see [`Self::drop_aborted`]).
     pub fn sweep(&mut self) {
         let done: Vec<u32> = self
             .pending
             .iter()
-            .filter(|(_, w)| w.task.ctl.aborted() && !w.transfer.awaiting_solicited())
+            .filter(|(_, w)| w.task.ctl.aborted())
             .map(|(itt, _)| *itt)
             .collect();
         for itt in done {
-            self.take(itt);
+            self.drop_aborted(itt);
         }
+    }
+
+    /// When the first WRITE owed data has waited the Data-Out timeout.
+    pub fn data_out_due(&self) -> Option<std::time::Instant> {
+        self.awaited.next()
+    }
+
+    /// A WRITE whose data is overdue at `now`, and how long it waited.
+    pub fn data_out_overdue(&self, now: std::time::Instant) -> Option<(u32, Duration)> {
+        self.awaited.overdue(now)
     }
 
     fn finish_write(&mut self, itt: u32, w: PendingWrite) {
@@ -387,7 +398,7 @@ impl Commands {
         self.run_command(w.buf.len() as u32, async move {
             let PendingWrite {
                 task,
-                slot: _slot,
+                slot,
                 cmd,
                 cdb_bytes,
                 expected,
@@ -414,7 +425,7 @@ impl Commands {
                 // Never sent: `run` closes the connection instead.
                 Outcome::Lost => Vec::new(),
             };
-            outbox.send(Batch { pdus, permit: None });
+            outbox.send(Batch::of(pdus).with_slot(slot));
         });
     }
 
@@ -431,6 +442,7 @@ impl Commands {
         let nexus = self.lun.nexus.id;
         let mine = self.lun.served.lu.tasks.select(|n, _| n == nexus);
         self.pending.clear();
+        self.awaited = Awaited::new(self.lun.shared.timers.data_out);
         self.pending_bytes = 0;
         abort_all(&mine).await;
         while self.running.join_next().await.is_some() {}
@@ -439,6 +451,7 @@ impl Commands {
     /// Waits for every running task to end on its own (a logout).
     pub async fn drain(&mut self) {
         self.pending.clear();
+        self.awaited = Awaited::new(self.lun.shared.timers.data_out);
         self.pending_bytes = 0;
         while self.running.join_next().await.is_some() {}
     }

@@ -12,7 +12,7 @@ use braid_iscsi::negotiate::{self, Params};
 use braid_iscsi::pdu::{Bhs, Framer, Opcode, Pdu};
 use braid_iscsi::text_exchange::TextExchange;
 use braid_iscsi::transfer::NO_TAG;
-use braid_iscsi::window::{Place, Window};
+use braid_iscsi::window::{Immediate, Place, Window};
 use braid_iscsi::Digests;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,9 +21,10 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::answer;
-use super::command::{Commands, Lun, Slot};
-use super::out::{self, lock, Outbox, Sn};
+use super::command::{Commands, Lun};
+use super::out::{self, lock, Batch, Out, Outbox, Slot, Sn};
 use super::sessions::{Key, Registration};
+use super::timers::{Liveness, Tick};
 use super::{textreq, tmf, unit, Served, Shared};
 
 /// Commands the target lets an initiator have running at once, unless
@@ -225,8 +226,20 @@ async fn full_feature(
     // none for the idle timeout is closed, as an idle NBD connection is
     // (initiators' NOP-Out pings keep a live one open).
     let mut last = tokio::time::Instant::now();
+    let mut alive = Liveness::new(&ctx.shared.timers, std::time::Instant::now());
+    // Set when the initiator is taken for gone: what is queued for it is
+    // dropped, not waited on (it may never read again).
+    let mut cut = false;
     let result = loop {
-        let pdu = match framer.next(&mut buf) {
+        // While the writer is behind, no more PDUs are taken: what they
+        // would answer could only wait in memory (see `out.rs`).
+        let room = outbox.has_room();
+        let next = if room {
+            framer.next(&mut buf)
+        } else {
+            Ok(None)
+        };
+        let pdu = match next {
             Ok(Some(p)) => p,
             Err(e) => break Err(e.to_string()),
             Ok(None) => {
@@ -241,11 +254,12 @@ async fn full_feature(
                     (at, quiet, t)
                 });
                 tokio::select! {
-                    r = rd.read_buf(&mut buf) => match r {
+                    r = rd.read_buf(&mut buf), if room => match r {
                         Ok(0) => break Ok(()),
                         Ok(_) => continue,
                         Err(e) => break Err(e.to_string()),
                     },
+                    () = outbox.room(), if !room => continue,
                     () = notified(lost.as_deref()) => {
                         break Err("the storage is lost to this server: closing".into());
                     }
@@ -271,6 +285,39 @@ async fn full_feature(
                         }
                         continue;
                     }
+                    // Not while the reader is held back: the data may be
+                    // waiting, unread, in the socket.
+                    () = until(cmds.as_ref().and_then(|c| c.data_out_due()).map(at)), if room => {
+                        let now = std::time::Instant::now();
+                        if let Some((itt, waited)) =
+                            cmds.as_ref().and_then(|c| c.data_out_overdue(now))
+                        {
+                            cut = true;
+                            break Err(format!(
+                                "no Data-Out for task {itt:#x} in {waited:?} \
+                                 (--iscsi-dataout-timeout): closing the connection"
+                            ));
+                        }
+                        continue;
+                    }
+                    () = until(alive.next().map(at)) => {
+                        match alive.tick(std::time::Instant::now()) {
+                            Tick::Wait => {}
+                            Tick::Ping(tag) => {
+                                debug!(tag, "NOP-In ping");
+                                outbox.pdu(ping(tag), Bytes::new(), Sn::Shows);
+                            }
+                            Tick::Dead(quiet) => {
+                                cut = true;
+                                break Err(format!(
+                                    "no answer to a NOP-In ping, silent for {quiet:?} \
+                                     (--iscsi-nopin-timeout): closing the connection \
+                                     and its session"
+                                ));
+                            }
+                        }
+                        continue;
+                    }
                     () = until(leaving) => {
                         info!("no logout after the server stopped: closing");
                         break Ok(());
@@ -283,6 +330,7 @@ async fn full_feature(
             }
         };
         last = tokio::time::Instant::now();
+        alive.heard(std::time::Instant::now());
         match handle(
             &pdu,
             &s,
@@ -305,7 +353,11 @@ async fn full_feature(
     }
     drop(cmds);
     drop(outbox);
-    let _ = writer.await;
+    if cut {
+        writer.abort();
+    } else {
+        let _ = writer.await;
+    }
     drop(registration);
     result
 }
@@ -319,6 +371,20 @@ fn logout_request() -> Bhs {
     b.0[36] = 1;
     b.0[42..44].copy_from_slice(&LOGOUT_GRACE_SECS.to_be_bytes());
     b
+}
+
+/// A NOP-In ping asking for an answer (RFC 7143 11.19: a Target
+/// Transfer Tag other than 0xffffffff, Initiator Task Tag 0xffffffff).
+fn ping(tag: u32) -> Bhs {
+    let mut b = Bhs::new(Opcode::NopIn);
+    b.set_final(true);
+    b.set_itt(NO_TAG);
+    b.set_u32(20, tag);
+    b
+}
+
+fn at(t: std::time::Instant) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(t)
 }
 
 async fn until(at: Option<tokio::time::Instant>) {
@@ -361,10 +427,7 @@ async fn handle(
     if b.opcode() == Opcode::DataOut {
         match cmds {
             Some(c) if c.awaits_data(b.itt()) => c.data_out(pdu),
-            _ => outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x09)],
-                permit: None,
-            }),
+            _ => outbox.send(Batch::of(vec![answer::reject(pdu, 0x09)])),
         }
         return Ok(true);
     }
@@ -374,7 +437,21 @@ async fn handle(
     let cmd_sn = b.u32_at(24);
     let slot = {
         let mut w = lock(window);
-        if b.immediate() {
+        if b.immediate() && b.opcode() == Opcode::ScsiCommand {
+            match w.take_immediate(cmd_sn) {
+                Immediate::Take => Slot::immediate(window),
+                Immediate::Reject => {
+                    drop(w);
+                    debug!(cmd_sn, "immediate command past the bound rejected");
+                    outbox.send(Batch::of(vec![answer::reject(pdu, 0x06)]));
+                    return Ok(true);
+                }
+                Immediate::Ignore => {
+                    debug!(cmd_sn, "immediate command outside the window ignored");
+                    return Ok(true);
+                }
+            }
+        } else if b.immediate() {
             if !w.immediate_ok(cmd_sn) {
                 debug!(cmd_sn, "immediate command outside the window ignored");
                 return Ok(true);
@@ -401,7 +478,10 @@ async fn handle(
                 let mut r = reply(Opcode::NopIn);
                 r.set_lun(b.lun());
                 r.set_u32(20, NO_TAG);
-                outbox.pdu(r, pdu.data.clone(), Sn::Takes);
+                let data = answer::echo(&pdu.data, s.params.peer_max_recv_data);
+                outbox.send(Batch::of(vec![Out::new(r, data, Sn::Takes)]).with_slot(slot));
+            } else {
+                debug!(tag = b.u32_at(20), "NOP-In ping answered");
             }
         }
         Opcode::TextRequest => textreq::respond(texts, pdu, s, visible, &ctx.shared, outbox),
@@ -416,33 +496,24 @@ async fn handle(
         }
         Opcode::TaskMgmtRequest => {
             let Some(c) = cmds else {
-                outbox.send(out::Batch {
-                    pdus: vec![answer::reject(pdu, 0x04)],
-                    permit: None,
-                });
+                outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)]));
                 return Ok(true);
             };
             let (lun, outbox, req) = (c.lun.clone(), outbox.clone(), pdu.clone());
             let exp = lock(window).exp;
             c.spawn(async move {
-                let _slot = slot;
                 let code = tmf::perform(&lun, &req.bhs, exp).await;
-                outbox.pdu(tmf::response(&req, code), Bytes::new(), Sn::Takes);
+                let r = Out::new(tmf::response(&req, code), Bytes::new(), Sn::Takes);
+                outbox.send(Batch::of(vec![r]).with_slot(slot));
             });
         }
         Opcode::ScsiCommand => match cmds {
             Some(c) => c.command(pdu, slot),
-            None => outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x04)],
-                permit: None,
-            }),
+            None => outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)])),
         },
         other => {
             warn!(?other, "unexpected PDU in the full feature phase");
-            outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x04)],
-                permit: None,
-            });
+            outbox.send(Batch::of(vec![answer::reject(pdu, 0x04)]));
         }
     }
     Ok(true)

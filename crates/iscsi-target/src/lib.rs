@@ -21,6 +21,7 @@ mod sessions;
 mod slowsave;
 mod task;
 mod textreq;
+mod timers;
 mod tmf;
 mod unit;
 mod unitwide;
@@ -54,6 +55,7 @@ pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
 };
 
 pub use ports::AluaError;
+pub use timers::Timers;
 
 /// Target names are this prefix and the export's name.
 pub const DEFAULT_IQN_PREFIX: &str = "iqn.2026-11.org.braid-storage:";
@@ -89,6 +91,8 @@ pub struct IscsiConfig {
     /// The process's instance, as NBD reports it (`x-braid:instance`),
     /// answered in VPD page 0xC0.
     pub instance: u128,
+    /// Data-Out timeout and NOP-In pings.
+    pub timers: Timers,
 }
 
 impl Default for IscsiConfig {
@@ -100,6 +104,7 @@ impl Default for IscsiConfig {
             write_cache: std::collections::HashSet::new(),
             limits: braid_store::Limits::default(),
             instance: uuid::Uuid::new_v4().as_u128(),
+            timers: Timers::default(),
         }
     }
 }
@@ -124,6 +129,7 @@ pub(crate) struct Shared {
     pub budget: budget::Budget,
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
+    pub timers: Timers,
     /// Connections open, by client address.
     clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Test hook: commands of an initiator's sessions wait before the
@@ -333,6 +339,7 @@ impl IscsiServer {
                 limits: cfg.limits.clone(),
                 budget: budget::Budget::new(cfg.limits.max_total_bytes),
                 instance: cfg.instance,
+                timers: cfg.timers,
                 clients: Mutex::default(),
                 holds: Mutex::default(),
             }),

@@ -8,8 +8,17 @@
 //! Batches queued while the socket was busy are written together, and
 //! data segments are sent from where they lie (no copy into the write
 //! buffer): the headers, padding and digests are the only bytes made here.
+//!
+//! What waits here is bounded: READ data by the read budget it holds
+//! (`budget.rs`), everything else by [`QUEUE_BYTES`], past which the
+//! reader stops taking PDUs from the socket ([`Outbox::has_room`]) until
+//! the writer catches up. An initiator that sends and never reads is so
+//! held back by TCP itself, and nothing it sent is dropped. A command's
+//! place in the window ([`Slot`]) goes back only once its answer is on
+//! the wire, so MaxCmdSN never offers room that the socket has not made.
 
 use std::io::IoSlice;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use braid_iscsi::pdu::{padded, Bhs};
@@ -19,7 +28,7 @@ use braid_pool::{Pace, Progress};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 /// What a PDU's StatSN field carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,12 +55,77 @@ impl Out {
     }
 }
 
-/// PDUs sent together, in order (a READ's Data-In, say), and what their
-/// data holds of the connection's read budget until it is on the wire.
+/// PDUs sent together, in order (a READ's Data-In, say), and what they
+/// hold until they are on the wire: their data's room in the
+/// connection's read budget, the command's place in the window.
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     pub pdus: Vec<Out>,
     pub permit: Option<crate::budget::Held>,
+    pub slot: Option<Slot>,
+    /// Bytes counted against [`QUEUE_BYTES`] (set by [`Outbox::send`]).
+    counted: usize,
+}
+
+impl Batch {
+    /// `pdus`, holding nothing.
+    pub fn of(pdus: Vec<Out>) -> Self {
+        Self {
+            pdus,
+            ..Self::default()
+        }
+    }
+
+    /// The batch, giving back `slot` once it is sent.
+    pub fn with_slot(mut self, slot: Slot) -> Self {
+        self.slot = Some(slot);
+        self
+    }
+}
+
+/// Bytes of answers other than READ data (which its budget bounds) that
+/// one connection may have waiting for the socket: above it the reader
+/// takes no more PDUs. One gather of the writer: enough that a writer
+/// that can send never waits on the reader.
+pub(crate) const QUEUE_BYTES: usize = MAX_GATHER;
+
+/// What a PDU costs in the queue: its data and a header.
+fn cost(pdus: &[Out]) -> usize {
+    pdus.iter().map(|p| 48 + p.data.len()).sum()
+}
+
+/// A place taken in the command window, or among the immediate commands
+/// ([`braid_iscsi::window::IMMEDIATE_DEPTH`]), given back when dropped:
+/// by the writer once the command's answer is sent, or by the task when
+/// it ends unanswered (aborted).
+#[derive(Debug)]
+pub(crate) struct Slot(Option<(SharedWindow, bool)>);
+
+impl Slot {
+    /// The place a non-immediate command took.
+    pub fn taken(window: &SharedWindow) -> Self {
+        Self(Some((window.clone(), false)))
+    }
+
+    /// The place an immediate SCSI command took.
+    pub fn immediate(window: &SharedWindow) -> Self {
+        Self(Some((window.clone(), true)))
+    }
+
+    /// Other immediate PDUs take none.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        match &self.0 {
+            Some((w, false)) => lock(w).finish(),
+            Some((w, true)) => lock(w).finish_immediate(),
+            None => {}
+        }
+    }
 }
 
 /// The command window, shared by the reader (which takes commands), the
@@ -62,24 +136,53 @@ pub(crate) fn lock(w: &SharedWindow) -> std::sync::MutexGuard<'_, Window> {
     w.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Bytes queued and not yet written, and the writer's word that some
+/// were.
+#[derive(Debug, Default)]
+struct Queued {
+    bytes: AtomicUsize,
+    written: Notify,
+}
+
 /// Where everything a connection sends is queued.
 #[derive(Clone, Debug)]
 pub(crate) struct Outbox {
     tx: mpsc::UnboundedSender<Batch>,
+    queued: Arc<Queued>,
 }
 
 impl Outbox {
     /// Queues `batch`; a connection already closed drops it.
-    pub fn send(&self, batch: Batch) {
-        let _ = self.tx.send(batch);
+    pub fn send(&self, mut batch: Batch) {
+        if batch.permit.is_none() {
+            batch.counted = cost(&batch.pdus);
+            self.queued.bytes.fetch_add(batch.counted, Ordering::AcqRel);
+        }
+        if let Err(mpsc::error::SendError(b)) = self.tx.send(batch) {
+            self.queued.bytes.fetch_sub(b.counted, Ordering::AcqRel);
+        }
     }
 
     /// Queues one PDU.
     pub fn pdu(&self, bhs: Bhs, data: Bytes, sn: Sn) {
-        self.send(Batch {
-            pdus: vec![Out::new(bhs, data, sn)],
-            permit: None,
-        });
+        self.send(Batch::of(vec![Out::new(bhs, data, sn)]));
+    }
+
+    /// Whether the reader may take another PDU: answers queued are
+    /// within [`QUEUE_BYTES`].
+    pub fn has_room(&self) -> bool {
+        self.queued.bytes.load(Ordering::Acquire) <= QUEUE_BYTES
+    }
+
+    /// Resolves once [`Self::has_room`] holds.
+    pub async fn room(&self) {
+        loop {
+            let written = self.queued.written.notified();
+            if self.has_room() {
+                return;
+            }
+            written.await;
+        }
     }
 }
 
@@ -96,6 +199,11 @@ pub(crate) fn start(
     window: SharedWindow,
 ) -> (Outbox, tokio::task::JoinHandle<std::io::Result<()>>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Batch>();
+    let queued = Arc::new(Queued::default());
+    let outbox = Outbox {
+        tx,
+        queued: queued.clone(),
+    };
     let task = tokio::spawn(async move {
         let mut stat_sn = stat_sn;
         let mut heads = BytesMut::new();
@@ -109,6 +217,12 @@ pub(crate) fn start(
                 batches.push(b);
             }
             let mut parts: Vec<Bytes> = Vec::new();
+            // The places these answers held come back as they are framed,
+            // so that the MaxCmdSN they carry counts them (a window of one
+            // would otherwise never reopen): the room so shown reaches
+            // the initiator with these answers, never before them.
+            let slots: Vec<Slot> = batches.iter_mut().filter_map(|b| b.slot.take()).collect();
+            drop(slots);
             {
                 let w = lock(&window);
                 for b in &mut batches {
@@ -119,14 +233,16 @@ pub(crate) fn start(
                 }
             }
             write_all(&mut wr, &parts, &mut pace).await?;
-            // Read budget goes back only now that its data is on its way.
-            for b in batches {
-                drop(b.permit);
-            }
+            // Read budget and room in the queue go back only now that the
+            // answers are on their way.
+            let written: usize = batches.iter().map(|b| b.counted).sum();
+            drop(batches);
+            queued.bytes.fetch_sub(written, Ordering::AcqRel);
+            queued.written.notify_waiters();
         }
         wr.shutdown().await
     });
-    (Outbox { tx }, task)
+    (outbox, task)
 }
 
 /// Fills in StatSN, ExpCmdSN and MaxCmdSN.

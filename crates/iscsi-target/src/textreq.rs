@@ -36,10 +36,7 @@ pub(crate) fn respond(
         }
         Err(e) => {
             warn!("{e}: rejected");
-            outbox.send(out::Batch {
-                pdus: vec![answer::reject(pdu, 0x09)],
-                permit: None,
-            });
+            outbox.send(out::Batch::of(vec![answer::reject(pdu, 0x09)]));
             return;
         }
     };

@@ -3,7 +3,8 @@
 //! function covers is [`braid_scsi::tmf`]'s to say. The response goes
 //! only once every task the function covers has ended (RFC 7143
 //! 4.2.3.3): waiting ones are dropped before they reach the backend,
-//! running ones finish first, WRITEs owed data get it.
+//! running ones finish first, WRITEs owed data end without it (the
+//! connection that owns them drops them once told, `Commands::sweep`).
 
 use std::sync::Arc;
 

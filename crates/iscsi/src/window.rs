@@ -27,6 +27,30 @@ pub struct Window {
     pub exp: u32,
     depth: u32,
     running: u32,
+    /// Immediate SCSI commands taken and not yet finished.
+    immediate: u32,
+}
+
+/// Immediate SCSI commands a session may have running at once. They take
+/// no place in the window, so without a bound of their own an initiator
+/// could start any number (RFC 7143 3.2.2.1 leaves the bound to the
+/// target). Linux and libiscsi send none; an initiator that does sends
+/// one now and then, which a handful covers.
+pub const IMMEDIATE_DEPTH: u32 = 8;
+
+/// What becomes of an immediate SCSI command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Immediate {
+    /// Run it; it holds one of [`IMMEDIATE_DEPTH`] places until
+    /// [`Window::finish_immediate`].
+    Take,
+    /// Its CmdSN is acceptable but [`IMMEDIATE_DEPTH`] are running:
+    /// Reject it with reason 0x06, Immediate Command Reject (RFC 7143
+    /// 11.17.1), which says exactly that and costs no task. TASK SET FULL
+    /// would say the same but needs the command entered as a task first.
+    Reject,
+    /// Its CmdSN is outside the window: ignored, as for any command.
+    Ignore,
 }
 
 /// Where a non-immediate command's CmdSN falls.
@@ -50,6 +74,7 @@ impl Window {
             exp,
             depth: depth.max(1),
             running: 0,
+            immediate: 0,
         }
     }
 
@@ -97,6 +122,24 @@ impl Window {
     /// the whole window will do.
     pub fn immediate_ok(&self, cmd_sn: u32) -> bool {
         le(self.exp, cmd_sn) && le(cmd_sn, self.exp.wrapping_add(self.depth - 1))
+    }
+
+    /// Decides an immediate SCSI command (task management, pings and
+    /// text take [`Self::immediate_ok`] alone: they must get through).
+    pub fn take_immediate(&mut self, cmd_sn: u32) -> Immediate {
+        if !self.immediate_ok(cmd_sn) {
+            Immediate::Ignore
+        } else if self.immediate >= IMMEDIATE_DEPTH {
+            Immediate::Reject
+        } else {
+            self.immediate += 1;
+            Immediate::Take
+        }
+    }
+
+    /// An immediate SCSI command taken earlier has been answered.
+    pub fn finish_immediate(&mut self) {
+        self.immediate = self.immediate.saturating_sub(1);
     }
 }
 
@@ -149,5 +192,20 @@ mod tests {
         w.finish();
         assert_eq!(w.max(), 13, "a finished command frees its place");
         assert_eq!(w.place(13), Place::Next);
+    }
+
+    #[test]
+    fn immediate_commands_are_bounded_apart_from_the_window() {
+        let mut w = Window::new(10, 2);
+        assert_eq!(w.take_immediate(9), Immediate::Ignore, "already taken");
+        assert_eq!(w.take_immediate(12), Immediate::Ignore, "past the window");
+        for _ in 0..IMMEDIATE_DEPTH {
+            assert_eq!(w.take_immediate(10), Immediate::Take);
+        }
+        assert_eq!(w.take_immediate(11), Immediate::Reject);
+        assert_eq!((w.exp, w.max()), (10, 11), "the window did not move");
+        w.finish_immediate();
+        assert_eq!(w.take_immediate(10), Immediate::Take, "a place came back");
+        assert!(w.immediate_ok(10), "task management still gets in");
     }
 }

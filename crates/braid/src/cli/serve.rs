@@ -195,6 +195,21 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<f64>,
 
+    /// Drop an iSCSI connection whose WRITE has waited this many seconds
+    /// for the data its R2T asked for [default: 5]
+    #[arg(long, value_name = "SECONDS")]
+    pub iscsi_dataout_timeout: Option<f64>,
+
+    /// Ping (NOP-In) an iSCSI initiator silent this many seconds (0:
+    /// never) [default: 15]
+    #[arg(long, value_name = "SECONDS")]
+    pub iscsi_nopin_interval: Option<f64>,
+
+    /// End an iSCSI session whose ping went unanswered this many seconds,
+    /// and what it held (RESERVE(6), its tasks) [default: 15]
+    #[arg(long, value_name = "SECONDS")]
+    pub iscsi_nopin_timeout: Option<f64>,
+
     /// Ceph configuration for rbd: exports [default: Ceph's usual places:
     /// $CEPH_CONF, /etc/ceph/ceph.conf, ~/.ceph/config]
     #[arg(long, value_name = "FILE")]

@@ -62,6 +62,8 @@ struct ServeConfig {
     iscsi_iqn: String,
     /// Exports whose iSCSI units start with the write cache on.
     iscsi_write_cache: std::collections::HashSet<String>,
+    /// Data-Out timeout and NOP-In pings.
+    iscsi_timers: braid_iscsi_target::Timers,
     exports: Vec<ExportSpec>,
     /// Certificate, key, and the CA that client certificates must chain to.
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
@@ -235,6 +237,33 @@ impl ServeConfig {
             return Err(usage("--handshake-timeout must be more than 0"));
         }
         let idle = secs(idle_timeout, "--idle-timeout")?;
+        let iscsi_timers = {
+            let t = braid_iscsi_target::Timers::default();
+            let or = |v: Option<f64>, d: Duration, flag| {
+                v.map_or(Ok(d), |v| secs(v, flag)).and_then(|d| {
+                    (!d.is_zero())
+                        .then_some(d)
+                        .ok_or_else(|| usage(format!("{flag} must be more than 0")))
+                })
+            };
+            let interval = args.iscsi_nopin_interval.or(file.iscsi_nopin_interval);
+            braid_iscsi_target::Timers {
+                data_out: or(
+                    args.iscsi_dataout_timeout.or(file.iscsi_dataout_timeout),
+                    t.data_out,
+                    "--iscsi-dataout-timeout",
+                )?,
+                nop_in_interval: match interval {
+                    Some(v) => Some(secs(v, "--iscsi-nopin-interval")?).filter(|d| !d.is_zero()),
+                    None => t.nop_in_interval,
+                },
+                nop_in_timeout: or(
+                    args.iscsi_nopin_timeout.or(file.iscsi_nopin_timeout),
+                    t.nop_in_timeout,
+                    "--iscsi-nopin-timeout",
+                )?,
+            }
+        };
         let limits = Limits {
             handshake_timeout: handshake,
             idle_timeout: (!idle.is_zero()).then_some(idle),
@@ -329,6 +358,7 @@ impl ServeConfig {
             iscsi_access,
             iscsi_iqn,
             iscsi_write_cache: args.iscsi_write_cache.into_iter().collect(),
+            iscsi_timers,
             listen,
             default_listen,
             read_only: args.read_only,
@@ -404,6 +434,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     write_cache: cfg.iscsi_write_cache.clone(),
                     limits: cfg.limits.clone(),
                     instance: target.instance().0,
+                    timers: cfg.iscsi_timers,
                 };
                 Some(iscsi::start(&target, &portals, port, settings).await?)
             }

@@ -148,6 +148,18 @@ impl IscsiOnly {
         }
     }
 
+    /// Over one export named `vol` of `size` bytes of memory.
+    pub fn over_memory(cfg: IscsiConfig, size: u64) -> IscsiOnly {
+        let export = Arc::new(Export::local(
+            "vol",
+            "memory",
+            Arc::new(FileBackend::memory(size).expect("memory")),
+            false,
+            uuid::Uuid::new_v4(),
+        ));
+        Self::serving(cfg, export)
+    }
+
     /// Over one export, ready made.
     pub fn serving(cfg: IscsiConfig, export: Arc<Export>) -> IscsiOnly {
         Self::serving_on(2, cfg, export)

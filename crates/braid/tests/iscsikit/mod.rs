@@ -74,6 +74,8 @@ pub struct Initiator {
     pub lun: u16,
     /// Digests as negotiated.
     digests: Digests,
+    /// Send SCSI commands immediate (I bit set, CmdSN not advanced).
+    pub immediate: bool,
 }
 
 /// Who logs in, and how.
@@ -82,6 +84,8 @@ pub struct LoginAs<'a> {
     pub isid: [u8; 6],
     /// Offer InitialR2T=No (unsolicited Data-Out up to FirstBurstLength).
     pub unsolicited: bool,
+    /// MaxRecvDataSegmentLength declared to the target.
+    pub max_recv: u32,
 }
 
 /// `initiator`'s session `isid` (the last byte of the ISID; the rest is
@@ -91,6 +95,7 @@ pub fn who(initiator: &str, isid: u8) -> LoginAs<'_> {
         initiator,
         isid: [0x80, 0, 0, 0x42, 0, isid],
         unsolicited: false,
+        max_recv: 1 << 20,
     }
 }
 
@@ -98,6 +103,7 @@ pub const DEFAULT_INITIATOR: LoginAs<'static> = LoginAs {
     initiator: "iqn.2026-11.org.braid-storage:test-initiator",
     isid: [0x80, 0, 0, 0x42, 0, 1],
     unsolicited: false,
+    max_recv: 1 << 20,
 };
 
 impl Initiator {
@@ -143,6 +149,7 @@ impl Initiator {
             first_burst: 65536,
             lun: 0,
             digests: Digests::default(),
+            immediate: false,
         };
         let mut b = Bhs::new(Opcode::LoginRequest);
         b.set_immediate(true);
@@ -150,13 +157,14 @@ impl Initiator {
         b.0[8..14].copy_from_slice(&who.isid);
         b.set_itt(0);
         b.set_u32(24, i.cmd_sn);
+        let max_recv = who.max_recv.to_string();
         let keys = text::encode(&[
             ("InitiatorName", who.initiator),
             ("SessionType", "Normal"),
             ("TargetName", target),
             ("HeaderDigest", "CRC32C,None"),
             ("DataDigest", "CRC32C,None"),
-            ("MaxRecvDataSegmentLength", "1048576"),
+            ("MaxRecvDataSegmentLength", &max_recv),
             ("InitialR2T", if who.unsolicited { "No" } else { "Yes" }),
             ("ImmediateData", "Yes"),
         ]);
@@ -288,6 +296,7 @@ impl Initiator {
         let (read, write) = (expect_in > 0, !data_out.is_empty());
         b.0[1] = 0x80 | if read { 0x40 } else { 0 } | if write { 0x20 } else { 0 } | 1;
         b.set_itt(itt);
+        b.set_immediate(self.immediate);
         b.set_lun(u64::from(self.lun) << 48);
         let expected = if write {
             data_out.len() as u32
@@ -300,7 +309,9 @@ impl Initiator {
         let mut c = [0u8; 16];
         c[..cdb.len()].copy_from_slice(cdb);
         b.0[32..48].copy_from_slice(&c);
-        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        if !self.immediate {
+            self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        }
         let first = data_out
             .len()
             .min(self.max_send)
@@ -310,7 +321,12 @@ impl Initiator {
             &Pdu::new(b, Bytes::copy_from_slice(&data_out[..first])),
             self.digests,
         );
-        self.issued.insert(itt, self.cmd_sn.wrapping_sub(1));
+        let sent_sn = if self.immediate {
+            self.cmd_sn
+        } else {
+            self.cmd_sn.wrapping_sub(1)
+        };
+        self.issued.insert(itt, sent_sn);
         if !self.initial_r2t && data_out.len() > first {
             // Unsolicited Data-Out, up to FirstBurstLength.
             let end = data_out.len().min(self.first_burst);
@@ -408,6 +424,19 @@ impl Initiator {
                 if !unsolicited {
                     self.exp_stat_sn = p.bhs.u32_at(24).wrapping_add(1);
                 }
+                let ttt = p.bhs.u32_at(20);
+                if unsolicited && ttt != 0xffff_ffff {
+                    // The target pings: answer with its tag, as
+                    // initiators do (RFC 7143 11.18).
+                    let mut b = Bhs::new(Opcode::NopOut);
+                    b.set_immediate(true);
+                    b.set_final(true);
+                    b.set_itt(0xffff_ffff);
+                    b.set_u32(20, ttt);
+                    b.set_u32(24, self.cmd_sn);
+                    b.set_u32(28, self.exp_stat_sn);
+                    self.send(&Pdu::new(b, Bytes::new()), self.digests);
+                }
                 self.other.push(p);
             }
         }
@@ -473,6 +502,15 @@ impl Initiator {
     /// and taken by the target (one connection keeps order).
     pub fn ping(&mut self) {
         let itt = self.itt;
+        self.ping_unread(&Bytes::new()).expect("send a PDU");
+        self.other_reply(Opcode::NopIn, itt);
+    }
+
+    /// Sends a NOP-Out ping carrying `data` and reads nothing: the error
+    /// once the target stops taking them (a write blocked past the
+    /// socket's write timeout).
+    pub fn ping_unread(&mut self, data: &Bytes) -> std::io::Result<()> {
+        let itt = self.itt;
         self.itt = self.itt.wrapping_add(1);
         let mut b = Bhs::new(Opcode::NopOut);
         b.set_immediate(true);
@@ -481,8 +519,41 @@ impl Initiator {
         b.set_u32(20, 0xffff_ffff);
         b.set_u32(24, self.cmd_sn);
         b.set_u32(28, self.exp_stat_sn);
-        self.send(&Pdu::new(b, Bytes::new()), self.digests);
-        self.other_reply(Opcode::NopIn, itt);
+        let mut out = Vec::new();
+        Pdu::new(b, data.clone()).encode(self.digests, &mut out);
+        self.stream.write_all(&out)
+    }
+
+    /// The connection, to set its timeouts.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Takes in what the target sends until it has sent nothing for
+    /// `quiet` (R2Ts answered, replies kept), bounded by `limit`.
+    pub fn settle(&mut self, quiet: Duration, limit: Duration) {
+        let end = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < end {
+            while self.pdu_buffered() {
+                self.pump();
+            }
+            self.stream.set_read_timeout(Some(quiet)).expect("timeout");
+            let mut chunk = [0u8; 65536];
+            let n = self.stream.read(&mut chunk).unwrap_or(0);
+            self.stream
+                .set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("timeout");
+            if n == 0 {
+                return;
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Whether a whole PDU waits in the buffer.
+    fn pdu_buffered(&self) -> bool {
+        let mut copy = self.buf.clone();
+        matches!(self.framer.next(&mut copy), Ok(Some(_)))
     }
 
     /// Logs out (closing the session); returns the response code.
