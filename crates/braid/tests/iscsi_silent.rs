@@ -163,3 +163,66 @@ fn a_silent_session_is_ended_by_pings_and_its_reserve_with_it() {
     );
     drop(a);
 }
+
+/// A session that keeps talking but never reads: 48 READ(16)s of 1
+/// MiB whose data it leaves in the socket (more than loopback buffers
+/// take), then a NOP-Out every 100 ms.
+/// Its READs hold the whole server-wide READ budget (4 MiB here), so
+/// another session's READ waits on it. Talking is not a sign of life
+/// while nothing sent to it is taken: it is pinged, never answers, and is
+/// cut, and the other session's READ is answered.
+#[test]
+fn a_session_that_talks_but_never_reads_is_cut_and_frees_the_read_budget() {
+    let cfg = IscsiConfig {
+        timers: Timers {
+            nop_in_interval: Some(Duration::from_secs(1)),
+            nop_in_timeout: Duration::from_secs(1),
+            ..patient()
+        },
+        limits: braid_store::Limits {
+            max_total_bytes: 4 << 20,
+            ..braid_store::Limits::default()
+        },
+        ..IscsiConfig::default()
+    };
+    let srv = IscsiOnly::over_memory(cfg, 96 << 20);
+    let addr = srv.addr;
+    let talker = std::thread::spawn(move || {
+        let mut i = Initiator::login_as(addr, TARGET, &who("iqn.2026-11.org.example:talker", 1));
+        i.stream()
+            .set_write_timeout(Some(Duration::from_secs(1)))
+            .unwrap();
+        for k in 0..48u64 {
+            let mut read16 = [0u8; 16];
+            read16[0] = 0x88;
+            read16[2..10].copy_from_slice(&(k * 2048).to_be_bytes());
+            read16[10..14].copy_from_slice(&2048u32.to_be_bytes());
+            i.send_command(&read16, &[], 1 << 20);
+        }
+        let end = std::time::Instant::now() + Duration::from_secs(15);
+        while std::time::Instant::now() < end {
+            if i.ping_unread(&bytes::Bytes::new()).is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut reader = Initiator::login_as(addr, TARGET, &who("iqn.2026-11.org.example:reader", 1));
+    reader
+        .stream()
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut read16 = [0u8; 16];
+    read16[0] = 0x88;
+    read16[10..14].copy_from_slice(&2048u32.to_be_bytes());
+    let itt = reader.send_command(&read16, &[], 1 << 20);
+    let r = reader.wait(itt);
+    assert_eq!(r.status, GOOD, "{r:?}");
+    assert_eq!(r.data, vec![0u8; 1 << 20], "the READ's data");
+    assert!(
+        talker.join().unwrap(),
+        "the session that never reads was kept for 15 s"
+    );
+}

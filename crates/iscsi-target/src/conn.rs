@@ -300,19 +300,19 @@ async fn full_feature(
                         }
                         continue;
                     }
-                    () = until(alive.next().map(at)) => {
-                        match alive.tick(std::time::Instant::now()) {
+                    () = until(alive.next(outbox.taking()).map(at)) => {
+                        match alive.tick(std::time::Instant::now(), outbox.taking()) {
                             Tick::Wait => {}
                             Tick::Ping(tag) => {
                                 debug!(tag, "NOP-In ping");
                                 outbox.pdu(ping(tag), Bytes::new(), Sn::Shows);
                             }
-                            Tick::Dead(quiet) => {
+                            Tick::Dead(waited) => {
                                 cut = true;
                                 break Err(format!(
-                                    "no answer to a NOP-In ping, silent for {quiet:?} \
-                                     (--iscsi-nopin-timeout): closing the connection \
-                                     and its session"
+                                    "no answer to a NOP-In ping in {waited:?}, and nothing \
+                                     taken from the socket meanwhile (--iscsi-nopin-timeout): \
+                                     closing the connection and its session"
                                 ));
                             }
                         }
@@ -330,7 +330,7 @@ async fn full_feature(
             }
         };
         last = tokio::time::Instant::now();
-        alive.heard(std::time::Instant::now());
+        alive.heard(std::time::Instant::now(), outbox.taking());
         match handle(
             &pdu,
             &s,

@@ -20,6 +20,7 @@
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use braid_iscsi::pdu::{padded, Bhs};
 use braid_iscsi::window::Window;
@@ -29,6 +30,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, Notify};
+
+use crate::timers::Taking;
 
 /// What a PDU's StatSN field carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,10 +141,35 @@ pub(crate) fn lock(w: &SharedWindow) -> std::sync::MutexGuard<'_, Window> {
 
 /// Bytes queued and not yet written, and the writer's word that some
 /// were.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Queued {
     bytes: AtomicUsize,
     written: Notify,
+    /// Batches queued and not yet written, and when the socket last took
+    /// bytes (or, from empty, when the first of them was queued): what
+    /// [`Outbox::taking`] tells the connection's liveness.
+    waiting: AtomicUsize,
+    took: Mutex<Instant>,
+}
+
+impl Default for Queued {
+    fn default() -> Self {
+        Self {
+            bytes: AtomicUsize::new(0),
+            written: Notify::new(),
+            waiting: AtomicUsize::new(0),
+            took: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Queued {
+    fn took_now(&self) {
+        *self
+            .took
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
+    }
 }
 
 /// Where everything a connection sends is queued.
@@ -158,9 +186,28 @@ impl Outbox {
             batch.counted = cost(&batch.pdus);
             self.queued.bytes.fetch_add(batch.counted, Ordering::AcqRel);
         }
+        if self.queued.waiting.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.queued.took_now();
+        }
         if let Err(mpsc::error::SendError(b)) = self.tx.send(batch) {
             self.queued.bytes.fetch_sub(b.counted, Ordering::AcqRel);
+            self.queued.waiting.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Whether the initiator takes what is sent: nothing waits, or when
+    /// the socket last took bytes.
+    pub fn taking(&self) -> Taking {
+        if self.queued.waiting.load(Ordering::Acquire) == 0 {
+            return Taking::All;
+        }
+        Taking::Since(
+            *self
+                .queued
+                .took
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// Queues one PDU.
@@ -232,12 +279,14 @@ pub(crate) fn start(
                     }
                 }
             }
-            write_all(&mut wr, &parts, &mut pace).await?;
+            write_all(&mut wr, &parts, &mut pace, &queued).await?;
             // Read budget and room in the queue go back only now that the
             // answers are on their way.
             let written: usize = batches.iter().map(|b| b.counted).sum();
+            let sent = batches.len();
             drop(batches);
             queued.bytes.fetch_sub(written, Ordering::AcqRel);
+            queued.waiting.fetch_sub(sent, Ordering::AcqRel);
             queued.written.notify_waiters();
         }
         wr.shutdown().await
@@ -298,6 +347,7 @@ async fn write_all<W: AsyncWrite + Unpin>(
     wr: &mut W,
     parts: &[Bytes],
     pace: &mut Pace,
+    queued: &Queued,
 ) -> std::io::Result<()> {
     let parts: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
     let start = std::time::Instant::now();
@@ -313,6 +363,7 @@ async fn write_all<W: AsyncWrite + Unpin>(
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         at.advance(&parts, n);
+        queued.took_now();
         sent += n;
         if !at.done(&parts) {
             tokio::task::yield_now().await;
@@ -386,7 +437,9 @@ mod tests {
         let ran = Arc::new(AtomicBool::new(false));
         let flag = ran.clone();
         tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
-        write_all(&mut ours, &parts, &mut pace).await.unwrap();
+        write_all(&mut ours, &parts, &mut pace, &Queued::default())
+            .await
+            .unwrap();
         let ran = ran.load(Ordering::SeqCst);
         drop(ours);
         let mut got = Vec::new();
