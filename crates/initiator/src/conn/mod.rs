@@ -446,15 +446,24 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
         n.stream.flush().await.map_err(|e| e.to_string())?;
         let mut prefix = std::io::Cursor::new(std::mem::take(&mut n.leftover));
         let mut errors = Default::default();
-        let mut rd = (&mut prefix).chain(&mut n.stream);
+        let mut rd = tokio::io::BufReader::with_capacity(
+            run::READ_BUFFER,
+            (&mut prefix).chain(&mut n.stream),
+        );
         loop {
             if !read_one(&mut rd, len.max(4096), None, &sink, &mut errors).await? {
                 return Err("the server closed the connection".to_string());
             }
             if let Some(result) = sink.result.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                // What was read past the probe's reply (in the reader's
+                // buffer, then what is left of the prefix) is the
+                // connection's again.
+                let mut left = BytesMut::from(rd.buffer());
+                drop(rd);
                 let pos = prefix.position() as usize;
                 let rest = prefix.into_inner();
-                n.leftover = BytesMut::from(&rest[pos.min(rest.len())..]);
+                left.extend_from_slice(&rest[pos.min(rest.len())..]);
+                n.leftover = left;
                 return result.map_err(|e| e.to_string());
             }
         }

@@ -13,7 +13,7 @@ use braid_proto::reply::{
 use braid_proto::wire::{chunk_type, state, REQUEST_HEADER_LEN};
 use braid_proto::{CmdFlags, Command, Cookie, Request};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -153,7 +153,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
 ) {
     // Bytes read past the handshake come first.
     let prefix = std::io::Cursor::new(leftover.freeze());
-    let mut rd = BufReader::with_capacity(256 * 1024, prefix.chain(rd));
+    let mut rd = BufReader::with_capacity(READ_BUFFER, prefix.chain(rd));
     let mut errors: std::collections::HashMap<u64, Error> = Default::default();
     let reason = loop {
         match read_one(&mut rd, max_payload, allocation, sink.as_ref(), &mut errors).await {
@@ -165,10 +165,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
     sink.lost(reason);
 }
 
+/// The reply reader's buffer: one read takes in a batch of small replies
+/// (64 4 KiB reads), but little of a large payload, whose rest goes
+/// straight into its own buffer (see [`read_bytes`]).
+pub(super) const READ_BUFFER: usize = 64 * 1024;
+
+/// A payload remainder at least this long is read from the socket into
+/// the payload's buffer directly; a shorter one through the reader's
+/// buffer, so that the same read takes in the replies behind it.
+const DIRECT: usize = 16 * 1024;
+
 /// Reads one reply message. `Ok(false)` on a clean end of stream.
 /// `allocation` is the context id of `base:allocation`, if selected.
 pub(super) async fn read_one<R: AsyncRead + Unpin>(
-    rd: &mut R,
+    rd: &mut BufReader<R>,
     max_payload: u32,
     allocation: Option<u32>,
     sink: &dyn Sink,
@@ -212,7 +222,7 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
 }
 
 async fn chunk<R: AsyncRead + Unpin>(
-    rd: &mut R,
+    rd: &mut BufReader<R>,
     c: &ChunkHeader,
     allocation: Option<u32>,
     sink: &dyn Sink,
@@ -263,10 +273,25 @@ async fn chunk<R: AsyncRead + Unpin>(
     Ok(false)
 }
 
-async fn read_bytes<R: AsyncRead + Unpin>(rd: &mut R, n: usize) -> Result<Bytes, String> {
-    // A pooled buffer: no page faults or zeroing per chunk.
+/// Reads an `n`-byte payload into a pooled buffer (no page faults or
+/// zeroing per chunk). What the reader's buffer already holds is copied
+/// over; a long rest is read from the socket straight into the payload's
+/// buffer, not into the reader's first, which would copy it twice.
+async fn read_bytes<R: AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    n: usize,
+) -> Result<Bytes, String> {
     let mut buf = braid_pool::Pool::global().get(n);
-    rd.read_exact(&mut buf).await.map_err(|e| {
+    let have = rd.buffer().len().min(n);
+    buf[..have].copy_from_slice(&rd.buffer()[..have]);
+    std::pin::Pin::new(&mut *rd).consume(have);
+    let rest = &mut buf[have..];
+    let read = if rest.len() >= DIRECT {
+        rd.get_mut().read_exact(rest).await
+    } else {
+        rd.read_exact(rest).await
+    };
+    read.map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             "the server closed the connection mid-reply".to_string()
         } else {
