@@ -49,6 +49,7 @@ pub struct ServeFile {
     pub max_inflight_total: Option<String>,
     pub handshake_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
+    pub send_timeout: Option<f64>,
     pub iscsi_dataout_timeout: Option<f64>,
     pub iscsi_nopin_interval: Option<f64>,
     pub iscsi_nopin_timeout: Option<f64>,

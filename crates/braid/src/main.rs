@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     let demo = matches!(cli.command, cli::Command::Demo(_));
     logging::init(cli.verbose, cli.quiet, demo);
     let result = match cli.command {
-        cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Serve(args) => serve::run(*args),
         cli::Command::Copy(args) => copy::run(args),
         cli::Command::Bench(args) => bench::run(args),
         cli::Command::Demo(args) => demo::run(args),

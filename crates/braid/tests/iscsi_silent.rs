@@ -173,7 +173,7 @@ fn a_silent_session_is_ended_by_pings_and_its_reserve_with_it() {
 /// cut, and the other session's READ is answered.
 #[test]
 fn a_session_that_talks_but_never_reads_is_cut_and_frees_the_read_budget() {
-    let cfg = IscsiConfig {
+    talker_is_cut(IscsiConfig {
         timers: Timers {
             nop_in_interval: Some(Duration::from_secs(1)),
             nop_in_timeout: Duration::from_secs(1),
@@ -181,10 +181,34 @@ fn a_session_that_talks_but_never_reads_is_cut_and_frees_the_read_budget() {
         },
         limits: braid_store::Limits {
             max_total_bytes: 4 << 20,
+            send_timeout: None,
             ..braid_store::Limits::default()
         },
         ..IscsiConfig::default()
-    };
+    });
+}
+
+/// The same talker with pings turned off: the send timeout alone (the
+/// socket took nothing for a second) closes it.
+#[test]
+fn without_pings_the_send_timeout_cuts_a_session_that_never_reads() {
+    talker_is_cut(IscsiConfig {
+        timers: Timers {
+            nop_in_interval: None,
+            ..patient()
+        },
+        limits: braid_store::Limits {
+            max_total_bytes: 4 << 20,
+            send_timeout: Some(Duration::from_secs(1)),
+            ..braid_store::Limits::default()
+        },
+        ..IscsiConfig::default()
+    });
+}
+
+/// A session sends READs it never reads and keeps talking; another's
+/// READ must be answered and the talker cut within 15 s.
+fn talker_is_cut(cfg: IscsiConfig) {
     let srv = IscsiOnly::over_memory(cfg, 96 << 20);
     let addr = srv.addr;
     let talker = std::thread::spawn(move || {

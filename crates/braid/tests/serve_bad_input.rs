@@ -297,3 +297,57 @@ fn a_handshake_and_request_dribbled_a_byte_at_a_time_still_work() {
     assert_eq!(check.read(4095, 300).unwrap(), data);
     serve.assert_healthy();
 }
+
+/// Clients that send READs and never read a reply: sixteen of them hold
+/// the server-wide budget for payload (32 MiB here) with data their
+/// sockets no longer take (past what loopback buffers hold), so another
+/// client's READ waits on them. A connection whose socket has taken
+/// nothing for `--send-timeout` is closed, what it held goes back, and
+/// the other client's READ is answered, byte for byte.
+#[test]
+fn clients_that_never_read_replies_are_closed_and_free_what_they_held() {
+    let serve = common::Serve::start(&[
+        "--send-timeout",
+        "1",
+        "--max-inflight-per-connection",
+        "32MiB",
+        "--max-inflight-total",
+        "32MiB",
+        "vol=mem:64MiB",
+    ]);
+    let mut check = RawClient::open(serve.addr(), "vol");
+    let data = random_bytes(1 << 20, 7);
+    check.write(0, &data).unwrap();
+    let stuck: Vec<RawClient> = (0..16)
+        .map(|_| {
+            let mut c = RawClient::open(serve.addr(), "vol");
+            c.stream
+                .set_write_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            for k in 0..24u64 {
+                let (_, req) = c.encode_request(cmd::READ, 0, k << 20, 1 << 20);
+                if c.try_send(&req).is_err() {
+                    break;
+                }
+            }
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        check.read(0, 1 << 20).map_err(|e| format!("error {e}")),
+        Ok(data),
+        "a READ behind clients that never read:\n{}",
+        serve.log()
+    );
+    // Those whose replies waited on the socket were closed; any whose
+    // READs still waited for the budget hold nothing of it.
+    assert!(
+        serve
+            .log()
+            .contains("took nothing that was sent to it for 1s (--send-timeout)"),
+        "no client was closed for taking nothing:\n{}",
+        serve.log()
+    );
+    drop(stuck);
+}

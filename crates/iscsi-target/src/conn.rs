@@ -197,7 +197,13 @@ async fn full_feature(
     let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, depth.max(1))));
     let idle_timeout = limits.idle_timeout;
     let (mut rd, wr) = stream.into_split();
-    let (outbox, writer) = out::start(wr, digests(&s.params), s.stat_sn, window.clone());
+    let (outbox, mut writer) = out::start(
+        wr,
+        digests(&s.params),
+        s.stat_sn,
+        window.clone(),
+        ctx.shared.limits.send_timeout,
+    );
     // A normal session is an I_T nexus of its target's unit.
     let mut cmds = served.map(|t| {
         let lun = Lun {
@@ -260,6 +266,16 @@ async fn full_feature(
                         Err(e) => break Err(e.to_string()),
                     },
                     () = outbox.room(), if !room => continue,
+                    // The writer ends first only when the socket failed or
+                    // the initiator took nothing for --send-timeout:
+                    // nothing more can be answered.
+                    w = &mut writer => {
+                        cut = true;
+                        break Err(match w {
+                            Ok(Err(e)) => format!("sending: {e}"),
+                            _ => "the connection's writer stopped".into(),
+                        });
+                    }
                     () = notified(lost.as_deref()) => {
                         break Err("the storage is lost to this server: closing".into());
                     }

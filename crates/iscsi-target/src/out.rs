@@ -244,6 +244,7 @@ pub(crate) fn start(
     digests: Digests,
     stat_sn: u32,
     window: SharedWindow,
+    stall: Option<std::time::Duration>,
 ) -> (Outbox, tokio::task::JoinHandle<std::io::Result<()>>) {
     let (tx, mut rx) = mpsc::unbounded_channel::<Batch>();
     let queued = Arc::new(Queued::default());
@@ -279,7 +280,7 @@ pub(crate) fn start(
                     }
                 }
             }
-            write_all(&mut wr, &parts, &mut pace, &queued).await?;
+            write_all(&mut wr, &parts, &mut pace, &queued, stall).await?;
             // Read budget and room in the queue go back only now that the
             // answers are on their way.
             let written: usize = batches.iter().map(|b| b.counted).sum();
@@ -348,6 +349,7 @@ async fn write_all<W: AsyncWrite + Unpin>(
     parts: &[Bytes],
     pace: &mut Pace,
     queued: &Queued,
+    stall: Option<std::time::Duration>,
 ) -> std::io::Result<()> {
     let parts: Vec<&[u8]> = parts.iter().map(|b| &b[..]).collect();
     let start = std::time::Instant::now();
@@ -358,7 +360,7 @@ async fn write_all<W: AsyncWrite + Unpin>(
             .pending_upto(&parts, pace.slice())
             .map(IoSlice::new)
             .collect();
-        let n = wr.write_vectored(&slices).await?;
+        let n = braid_pool::taken_within(stall, wr.write_vectored(&slices)).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
@@ -437,7 +439,7 @@ mod tests {
         let ran = Arc::new(AtomicBool::new(false));
         let flag = ran.clone();
         tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
-        write_all(&mut ours, &parts, &mut pace, &Queued::default())
+        write_all(&mut ours, &parts, &mut pace, &Queued::default(), None)
             .await
             .unwrap();
         let ran = ran.load(Ordering::SeqCst);

@@ -292,6 +292,7 @@ pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
     wr: &mut W,
     parts: &[&[u8]],
     pace: &mut Pace,
+    stall: Option<std::time::Duration>,
 ) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
     let start = std::time::Instant::now();
@@ -302,16 +303,39 @@ pub async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
             .pending_upto(parts, pace.slice())
             .map(std::io::IoSlice::new)
             .collect();
-        let n = wr.write_vectored(&slices).await?;
+        let n = taken_within(stall, wr.write_vectored(&slices)).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
         at.advance(parts, n);
         sent += n;
     }
-    wr.flush().await?;
+    taken_within(stall, wr.flush()).await?;
     pace.record(sent, start.elapsed());
     Ok(())
+}
+
+/// Awaits one step of sending (a socket becoming writable, one write)
+/// for at most `stall`: a peer that takes none of what is sent for that
+/// long gets `TimedOut`, so that its connection is closed and what it
+/// held is freed rather than held for as long as it stays connected.
+///
+/// # Errors
+///
+/// The step's own error, or `TimedOut` naming the stall.
+pub async fn taken_within<T>(
+    stall: Option<std::time::Duration>,
+    step: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    let Some(limit) = stall else {
+        return step.await;
+    };
+    tokio::time::timeout(limit, step).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the peer took nothing that was sent to it for {limit:?} (--send-timeout)"),
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -413,12 +437,12 @@ mod tests {
     async fn vectored_writes_survive_partial_writes_and_empty_parts() {
         let parts: Vec<&[u8]> = vec![b"", b"header", b"", b"some data here", b"x", b""];
         let mut w = Recorder::new(7);
-        write_all_vectored(&mut w, &parts, &mut Pace::new())
+        write_all_vectored(&mut w, &parts, &mut Pace::new(), None)
             .await
             .unwrap();
         assert_eq!(w.data, b"headersome data herex");
         let mut w = Recorder::new(7);
-        write_all_vectored(&mut w, &[b"", b""], &mut Pace::new())
+        write_all_vectored(&mut w, &[b"", b""], &mut Pace::new(), None)
             .await
             .unwrap();
         assert!(w.data.is_empty());
@@ -429,7 +453,7 @@ mod tests {
         let parts: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 100_000]).collect();
         let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
         let mut w = Recorder::new(usize::MAX);
-        write_all_vectored(&mut w, &refs, &mut Pace::new())
+        write_all_vectored(&mut w, &refs, &mut Pace::new(), None)
             .await
             .unwrap();
         assert_eq!(w.offered, [300_000], "unmeasured: one call");
@@ -438,7 +462,9 @@ mod tests {
         let mut pace = Pace::new();
         pace.record(2_000_000, std::time::Duration::from_millis(20));
         let mut w = Recorder::new(usize::MAX);
-        write_all_vectored(&mut w, &refs, &mut pace).await.unwrap();
+        write_all_vectored(&mut w, &refs, &mut pace, None)
+            .await
+            .unwrap();
         assert_eq!(w.data, parts.concat());
         assert_eq!(w.offered.len(), 300_000usize.div_ceil(MIN_SLICE));
         assert!(w.offered.iter().all(|&n| n <= MIN_SLICE), "{:?}", w.offered);
@@ -449,7 +475,7 @@ mod tests {
         // A writer that holds bytes back until flushed, as TLS does when
         // the socket is full.
         let mut w = tokio::io::BufWriter::with_capacity(1024, Vec::new());
-        write_all_vectored(&mut w, &[b"head", b"tail"], &mut Pace::new())
+        write_all_vectored(&mut w, &[b"head", b"tail"], &mut Pace::new(), None)
             .await
             .unwrap();
         assert_eq!(w.get_ref(), b"headtail");

@@ -11,6 +11,11 @@ pub struct Limits {
     /// A connection with nothing in flight that sends no request for this
     /// long is closed; `None` never closes idle connections.
     pub idle_timeout: Option<Duration>,
+    /// A connection whose socket takes no byte of what waits to be sent
+    /// for this long is closed: a client that never reads its replies
+    /// would otherwise hold their data, and the server-wide budget with
+    /// it, for as long as it stays connected. `None`: never.
+    pub send_timeout: Option<Duration>,
     /// Requests in flight per connection; beyond it the reader waits.
     pub max_requests: usize,
     /// Payload bytes in flight per connection (WRITE data read, READ data
@@ -29,6 +34,7 @@ impl Default for Limits {
         Self {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: None,
+            send_timeout: Some(Duration::from_secs(60)),
             max_requests: 256,
             max_bytes: 128 << 20,
             max_total_bytes: 1 << 30,

@@ -83,7 +83,7 @@ impl Cli {
 pub enum Command {
     /// Export volumes over NBD on one or more portals (runs in the foreground)
     #[command(after_long_help = SERVE_EXAMPLES)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Copy between local files or devices and NBD volumes, over every path
     #[command(after_long_help = COPY_EXAMPLES)]
     Copy(CopyArgs),

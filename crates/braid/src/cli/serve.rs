@@ -195,6 +195,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub idle_timeout: Option<f64>,
 
+    /// Close a connection, NBD's or iSCSI's, whose client has taken none
+    /// of its replies for this many seconds (0: never), freeing what they
+    /// held for other clients [default: 60]
+    #[arg(long, value_name = "SECONDS")]
+    pub send_timeout: Option<f64>,
+
     /// Drop an iSCSI connection whose WRITE has waited this many seconds
     /// for the data its R2T asked for [default: 5]
     #[arg(long, value_name = "SECONDS")]
@@ -283,7 +289,7 @@ mod tests {
     fn serve(args: &[&str]) -> Result<ServeArgs, clap::Error> {
         let argv = ["braid", "serve"].iter().chain(args).copied();
         match Cli::try_parse_args(argv)?.command {
-            Command::Serve(args) => Ok(args),
+            Command::Serve(args) => Ok(*args),
             other => panic!("parsed as {other:?}"),
         }
     }

@@ -131,6 +131,7 @@ impl ServeConfig {
             .or(file.handshake_timeout)
             .unwrap_or(10.0);
         let idle_timeout = args.idle_timeout.or(file.idle_timeout).unwrap_or(0.0);
+        let send_timeout = args.send_timeout.or(file.send_timeout);
         for l in &file.listen {
             args.listen.push(l.parse().map_err(usage)?);
         }
@@ -237,6 +238,10 @@ impl ServeConfig {
             return Err(usage("--handshake-timeout must be more than 0"));
         }
         let idle = secs(idle_timeout, "--idle-timeout")?;
+        let send = match send_timeout {
+            Some(v) => Some(secs(v, "--send-timeout")?).filter(|d| !d.is_zero()),
+            None => Limits::default().send_timeout,
+        };
         let iscsi_timers = {
             let t = braid_iscsi_target::Timers::default();
             let or = |v: Option<f64>, d: Duration, flag| {
@@ -267,6 +272,7 @@ impl ServeConfig {
         let limits = Limits {
             handshake_timeout: handshake,
             idle_timeout: (!idle.is_zero()).then_some(idle),
+            send_timeout: send,
             max_requests: max_requests_per_connection,
             max_bytes: inflight as usize,
             max_total_bytes: total as usize,

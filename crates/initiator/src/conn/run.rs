@@ -129,7 +129,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 .flat_map(|o| std::iter::once(&o.header[..]).chain(o.payload.as_deref()))
                 .collect();
             // Headers and payloads of every queued request in one writev.
-            braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
+            braid_pool::write_all_vectored(&mut wr, &parts, &mut pace, None).await?;
             batch.clear();
             if disc {
                 wr.shutdown().await?;

@@ -516,7 +516,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 .flat_map(|p| [&p.head[..], &p.data[..], p.tail()])
                 .filter(|s| !s.is_empty())
                 .collect();
-            braid_pool::write_all_vectored(&mut wr, &slices, &mut pace).await?;
+            braid_pool::write_all_vectored(&mut wr, &slices, &mut pace, None).await?;
             batch.clear();
         }
         wr.shutdown().await

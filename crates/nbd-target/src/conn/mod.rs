@@ -282,13 +282,13 @@ async fn transmission(
 ) -> Result<(), ConnError> {
     let sock = stream
         .socket_fd()
-        .and_then(|fd| sock::SockWriter::new(fd).ok());
+        .and_then(|fd| sock::SockWriter::new(fd, ctx.limits.send_timeout).ok());
     let (rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let zero_copy = sock.is_some();
     let writer = match sock {
         Some(sock) => tokio::spawn(writer::sock_write_loop(sock, wr, rx).in_current_span()),
-        None => tokio::spawn(writer::write_loop(wr, rx).in_current_span()),
+        None => tokio::spawn(writer::write_loop(wr, rx, ctx.limits.send_timeout).in_current_span()),
     };
     conn.own(writer.abort_handle());
     let reader = tokio::spawn(
@@ -317,10 +317,26 @@ async fn transmission(
         .in_current_span(),
     );
     conn.own(reader.abort_handle());
-    let read_result = match reader.await {
-        Ok(r) => r,
-        Err(e) if e.is_cancelled() => Ok(()),
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    let mut reader = reader;
+    let mut writer = writer;
+    let read_result = tokio::select! {
+        r = &mut reader => match r {
+            Ok(r) => r,
+            Err(e) if e.is_cancelled() => Ok(()),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        },
+        // The writer ends first only when the socket failed or the client
+        // took nothing for --send-timeout: nothing more can be answered,
+        // so requests stop being read too and the connection closes.
+        w = &mut writer => {
+            reader.abort();
+            conn.drain().await;
+            return match w {
+                Ok(w) => w,
+                Err(e) if e.is_cancelled() => Ok(()),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+        }
     };
     // Every request already received finishes before the writer is told
     // there is nothing more (its last sender is in those requests' tasks).

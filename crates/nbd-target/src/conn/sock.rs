@@ -30,6 +30,9 @@ use super::execute::FileData;
 pub(crate) struct SockWriter {
     fd: AsyncFd<OwnedFd>,
     pace: Pace,
+    /// How long the client may take nothing before the writer gives up
+    /// (`--send-timeout`).
+    stall: Option<std::time::Duration>,
 }
 
 impl SockWriter {
@@ -39,7 +42,7 @@ impl SockWriter {
     /// # Errors
     ///
     /// `dup` or the registration with tokio failed.
-    pub fn new(socket: RawFd) -> io::Result<Self> {
+    pub fn new(socket: RawFd, stall: Option<std::time::Duration>) -> io::Result<Self> {
         // SAFETY: dup of a descriptor the caller keeps open; the result is
         // owned here and closed on drop.
         let dup = unsafe { libc::dup(socket) };
@@ -55,6 +58,7 @@ impl SockWriter {
         Ok(Self {
             fd,
             pace: Pace::new(),
+            stall,
         })
     }
 
@@ -69,7 +73,7 @@ impl SockWriter {
         let mut at = braid_pool::Progress::new(parts);
         let mut sent = 0;
         while !at.done(parts) {
-            let mut guard = self.fd.writable().await?;
+            let mut guard = braid_pool::taken_within(self.stall, self.fd.writable()).await?;
             let result = guard.try_io(|fd| {
                 // Built here, not held across the yield below: iovecs are
                 // raw pointers, and the writer's future must stay `Send`.
@@ -122,7 +126,7 @@ impl SockWriter {
         let mut left = data.len;
         while left > 0 {
             let slice = left.min(self.pace.slice());
-            let mut guard = self.fd.writable().await?;
+            let mut guard = braid_pool::taken_within(self.stall, self.fd.writable()).await?;
             let result = guard.try_io(|fd| {
                 // SAFETY: both descriptors are open; sendfile advances
                 // `offset` and reads nothing else.
@@ -179,7 +183,7 @@ mod tests {
     async fn writer() -> (SockWriter, UnixStream) {
         let (ours, theirs) = UnixStream::pair().unwrap();
         ours.set_nonblocking(true).unwrap();
-        let mut w = SockWriter::new(ours.as_raw_fd()).unwrap();
+        let mut w = SockWriter::new(ours.as_raw_fd(), None).unwrap();
         // 50 MB/s: half a millisecond of it is less than the smallest slice.
         w.pace.record(1_000_000, Duration::from_millis(20));
         assert_eq!(w.pace.slice(), braid_pool::MIN_SLICE);

@@ -2,6 +2,8 @@
 //! socket, in batches, releasing each request's permits only once its
 //! reply is on the wire.
 
+use std::time::Duration;
+
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -27,6 +29,7 @@ pub(crate) struct Outgoing {
 pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    stall: Option<Duration>,
 ) -> Result<(), ConnError> {
     let mut batch: Vec<Outgoing> = Vec::with_capacity(braid_pool::BATCH);
     let mut pace = braid_pool::Pace::new();
@@ -35,7 +38,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
             .iter()
             .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
             .collect();
-        braid_pool::write_all_vectored(&mut wr, &parts, &mut pace).await?;
+        braid_pool::write_all_vectored(&mut wr, &parts, &mut pace, stall).await?;
         // Permits are released only now that the replies are on the wire.
         batch.clear();
     }
