@@ -19,8 +19,9 @@
 //! watch lingers, its timeout is excused by its global id.)
 //!
 //! The object, `braid_gateways.<image id>`, lives in the image's RADOS
-//! namespace (so images of one name in two namespaces never share one), is
-//! empty, and stays after the image is removed (`rados -p POOL [-N
+//! namespace (so images of one name in two namespaces never share one),
+//! holds the gateways' lease heartbeats in its map (`lease.rs`), and stays
+//! after the image is removed (`rados -p POOL [-N
 //! NAMESPACE] rm braid_gateways.<id>`).
 
 use std::sync::Arc;

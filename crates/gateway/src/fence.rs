@@ -104,8 +104,7 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
     let io = vol.ioctx();
     vol.counters
         .barrier(|| super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid]))?;
-    vol.image()
-        .metadata_remove(&lease::key(entry.tag))
+    vol.unrecord(&lease::key(entry.tag))
         .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;
     info!(
         gateway = %entry.addr,

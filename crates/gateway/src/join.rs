@@ -58,7 +58,7 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
                 .map_err(|e| format!("{}: {e}", vol.spec))?;
             watching = true;
         }
-        vol.renew(portals).map_err(|e| {
+        vol.record(portals).map_err(|e| {
             format!(
                 "{}: writing this gateway's record in the image: {e}",
                 vol.spec
@@ -133,6 +133,7 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
     let first = vol
         .look()
         .map_err(|e| format!("{}: reading the gateway registry: {e}", vol.spec))?;
+    let first_marks = first.marks;
     let mut conflicts: Vec<lease::Entry> = first
         .live
         .into_iter()
@@ -177,12 +178,7 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
                 .iter()
                 .find(|e| conflicts.iter().any(|c| c.tag == e.tag))
             {
-                if e.seq
-                    != conflicts
-                        .iter()
-                        .find(|c| c.tag == e.tag)
-                        .map_or(e.seq, |c| c.seq)
-                {
+                if view.marks.get(&e.tag) != first_marks.get(&e.tag) {
                     return Err(format!(
                         "{}: gateway {} (host {}, pid {}) serves this image{}; {}",
                         vol.spec,

@@ -2,8 +2,9 @@
 //!
 //! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
 //! gateway of an image keeps a record in the image's metadata with its
-//! portals and its RADOS address, under a lease, naming the image it
-//! belongs to so that copies of the metadata are told apart (`lease.rs`).
+//! portals and its RADOS address, under a lease renewed by heartbeats in
+//! the image's barrier object, naming the image it belongs to so that
+//! copies of the metadata are told apart (`lease.rs`).
 //! It joins with a compare-and-set, so that two joins at once cannot both
 //! find an empty registry (`join.rs`). Every gateway answers
 //! `x-braid:portal` with the portals of every live gateway, so one URI
@@ -417,9 +418,6 @@ fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
 /// Renews `vol`'s record every third of the lease and fences expired
 /// records, until the process stops.
 async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
-    let Some(started) = ceph.started.get() else {
-        return;
-    };
     let period = ceph.lease() / 3;
     loop {
         tokio::time::sleep(period).await;
@@ -430,8 +428,8 @@ async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
             continue;
         }
         let tag = ceph.current().tag;
-        let (v, portals) = (vol.clone(), started.portals.clone());
-        match tokio::task::spawn_blocking(move || v.tick(&portals)).await {
+        let v = vol.clone();
+        match tokio::task::spawn_blocking(move || v.tick()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) if e.blocklisted() => ceph.lost(tag, format!("renewing the lease: {e}")),
             Ok(Err(e)) => warn!("{}: renewing this gateway's lease: {e}", vol.spec),

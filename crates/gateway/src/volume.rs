@@ -278,8 +278,9 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Writes (or renews) this incarnation's record.
-    pub(crate) fn renew(&self, portals: &[String]) -> braid_rbd::Result<()> {
+    /// Writes this incarnation's record in the image's metadata (when it
+    /// joins; `lease.rs`) and its first heartbeat.
+    pub(crate) fn record(&self, portals: &[String]) -> braid_rbd::Result<()> {
         let inc = self.ceph.current();
         let (key, entry) = {
             let mut l = self.lease();
@@ -300,17 +301,38 @@ impl RbdVolume {
             };
             (key, entry)
         };
-        self.counters
-            .renewal(|| self.image().metadata_set(&key, &entry.to_json()))?;
+        self.image().metadata_set(&key, &entry.to_json())?;
         self.lease().own = Some(key);
-        Ok(())
+        self.beat()
+    }
+
+    /// Renews this incarnation's lease: a heartbeat in the barrier
+    /// object's map, not a change of the image's metadata (`lease.rs`).
+    pub(crate) fn beat(&self) -> braid_rbd::Result<()> {
+        let (key, seq) = {
+            let mut l = self.lease();
+            l.seq += 1;
+            (lease::key(self.ceph.current().tag), l.seq)
+        };
+        let oid = super::barrier::object(&self.image_id);
+        self.counters.renewal(|| {
+            self.ioctx()
+                .omap_set(&oid, &key, seq.to_string().as_bytes())
+        })
+    }
+
+    /// Removes the record under `key` and its heartbeat.
+    pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
+        self.image().metadata_remove(key)?;
+        self.ioctx()
+            .omap_remove(&super::barrier::object(&self.image_id), key)
     }
 
     /// Takes this incarnation's record back (a join that met another).
     pub(crate) fn withdraw(&self) -> braid_rbd::Result<()> {
         let own = self.lease().own.take();
         match own {
-            Some(key) => self.image().metadata_remove(&key),
+            Some(key) => self.unrecord(&key),
             None => Ok(()),
         }
     }
@@ -321,11 +343,18 @@ impl RbdVolume {
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
         let image = self.image();
         let listed = image.metadata_list(lease::PREFIX)?;
+        // Read after the records: a record's first heartbeat is written
+        // after it, so a record listed is never judged without it.
+        let beats = lease::heartbeats(
+            &self
+                .ioctx()
+                .omap_list(&super::barrier::object(&self.image_id), lease::PREFIX)?,
+        );
         let own = lease::key(self.ceph.current().tag);
         let now = self.ceph.clock();
         let view = {
             let mut l = self.lease();
-            let view = l.observed.update(now, &own, &self.scope, &listed);
+            let view = l.observed.update(now, &own, &self.scope, &listed, &beats);
             l.live.clone_from(&view.live);
             view
         };
@@ -352,8 +381,8 @@ impl RbdVolume {
     }
 
     /// One lease period's work: renew, look, fence what expired.
-    pub(crate) fn tick(&self, portals: &[String]) -> braid_rbd::Result<()> {
-        self.renew(portals)?;
+    pub(crate) fn tick(&self) -> braid_rbd::Result<()> {
+        self.beat()?;
         let view = self.look()?;
         for e in view.expired {
             if !self.ceph.can_blocklist() {
@@ -403,7 +432,7 @@ impl RbdVolume {
         }
         let own = self.lease().own.take();
         if let Some(key) = own {
-            if let Err(e) = self.image().metadata_remove(&key) {
+            if let Err(e) = self.unrecord(&key) {
                 warn!("{}: removing this gateway's record: {e}", self.spec);
             }
             super::barrier::announce(&self.ioctx(), &self.image_id);
