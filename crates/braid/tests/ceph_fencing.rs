@@ -10,7 +10,9 @@
 //! joins it; of two gateways that must serve alone and join at once, one
 //! serves. A gateway's metrics count the fences, blocklists and barriers,
 //! and its status lists its live peers. Lease renewals are heartbeats in
-//! the barrier object's map, and leave the image's metadata alone.
+//! the barrier object's map, and leave the image's metadata alone. A
+//! gateway that cannot get OSD maps from the monitors stops serving rather
+//! than hold up the fences of its image.
 
 #![cfg(feature = "rbd")]
 
@@ -511,4 +513,40 @@ fn lease_renewals_leave_the_images_metadata_alone_and_keep_the_gateways_alive() 
         b.log()
     );
     drop((a, b));
+}
+
+#[needs("ceph-mon")]
+fn a_gateway_cut_off_from_the_monitors_stops_serving_instead_of_holding_up_fences() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("cutoff", "16M", Some("layering"));
+    let scratch = tempfile::tempdir().unwrap();
+    let cut = scratch.path().join("cut");
+    let cut_env = cut.display().to_string();
+    let lease = ["--gateway-lease", "2"];
+    let a = c.gateway(&img, &lease);
+    // B's OSD map fetches wait while the file exists, as they do when the
+    // monitors cannot be reached and the OSDs can.
+    let b = c.gateway_env(&img, &lease, &[("BRAID_TEST_NO_OSDMAP", &cut_env)]);
+    let s = c.gateway(&img, &lease);
+    cephkit::eventually(Duration::from_secs(20), "three records", || {
+        img.gateways().len() == 3
+    });
+    std::fs::write(&cut, b"").unwrap();
+    // S dies: A fences it once its lease ran out, and every live gateway
+    // must confirm the barrier, B too, which cannot.
+    signal(s.pid(), libc::SIGKILL);
+    let started = Instant::now();
+    cephkit::eventually(
+        Duration::from_secs(40),
+        "S fenced (its record removed once the barrier passed)",
+        || img.gateways().iter().all(|g| g["pid"] != s.pid()),
+    );
+    let took = started.elapsed();
+    assert!(b.log().contains("cut off from the monitors"), "{}", b.log());
+    std::fs::remove_file(&cut).unwrap();
+    cephkit::eventually(Duration::from_secs(30), "B rejoined", || {
+        b.log().contains("rejoined as a new RADOS client")
+    });
+    eprintln!("S fenced {took:?} after it died");
+    drop((a, b, s));
 }

@@ -14,7 +14,8 @@
 //! made to fetch the newest map: each watches one object per image, and
 //! the fencing gateway notifies it and waits for every watcher's
 //! acknowledgement, which each sends only after
-//! `rados_wait_for_latest_osdmap` returned. (An OSD drops the watches of a
+//! `rados_wait_for_latest_osdmap` returned (on a bounded pool of threads,
+//! each waiting a bounded time: `acks.rs`, `osdmap.rs`). (An OSD drops the watches of a
 //! blocklisted client, so the stale gateway is not waited for; if its
 //! watch lingers, its timeout is excused by its global id.)
 //!
@@ -30,6 +31,8 @@ use std::time::Duration;
 use braid_rbd::{IoCtx, Watch};
 use tracing::{debug, warn};
 
+use super::acks::Pool;
+
 /// What a barrier notification carries.
 const PAYLOAD: &[u8] = b"braid osdmap barrier v1";
 
@@ -43,11 +46,18 @@ pub fn object(image_id: &str) -> String {
     format!("braid_gateways.{image_id}")
 }
 
+/// How many threads acknowledge one image's barrier notifications, and
+/// how many notifications may wait for them (`acks.rs`).
+const ACK_THREADS: usize = 2;
+const ACK_QUEUE: usize = 16;
+
 /// Creates the image's barrier object if needed and watches it: each
-/// barrier notification is acknowledged once this client has the newest
-/// OSD map; `changed` runs (on a thread of its own) when another gateway
-/// joined or left. `broken` runs (on a librados thread) when the watch
-/// fails: this gateway may then miss a barrier, so it must stop serving.
+/// barrier notification is acknowledged once `fresh` says this client has
+/// the newest OSD map; `changed` runs when another gateway joined or left.
+/// Both run on a bounded pool of threads (`acks.rs`): a notification that
+/// finds it full goes unanswered, and its fence is asked again. `broken`
+/// runs (on a librados thread) when the watch fails: this gateway may then
+/// miss a barrier, so it must stop serving.
 ///
 /// # Errors
 ///
@@ -56,6 +66,7 @@ pub fn watch(
     io: &Arc<IoCtx>,
     image_id: &str,
     timeout: Duration,
+    fresh: impl Fn() -> Result<(), String> + Send + Sync + 'static,
     changed: impl Fn() + Send + Sync + 'static,
     broken: impl Fn(i32) + Send + Sync + 'static,
 ) -> braid_rbd::Result<Watch> {
@@ -63,19 +74,21 @@ pub fn watch(
     io.touch(&oid)?;
     let acker = io.clone();
     let oid2 = oid.clone();
-    let changed = Arc::new(changed);
+    let (fresh, changed) = (Arc::new(fresh), Arc::new(changed));
+    let pool = Pool::new("braid-barrier", ACK_THREADS, ACK_QUEUE);
     io.watch(
         &oid,
         timeout,
         move |n| {
-            let (io, oid, changed) = (acker.clone(), oid2.clone(), changed.clone());
+            let (io, oid, fresh, changed) =
+                (acker.clone(), oid2.clone(), fresh.clone(), changed.clone());
             // Callbacks run on a librados thread, which must not wait.
-            std::thread::spawn(move || {
+            let queued = pool.try_run(move || {
                 if n.data == CHANGED {
                     changed();
                 }
                 if n.data == PAYLOAD {
-                    if let Err(e) = io.cluster().wait_for_latest_osdmap() {
+                    if let Err(e) = fresh() {
                         // Not acknowledged: the fence waits and retries.
                         warn!("barrier: could not fetch the newest OSD map: {e}");
                         return;
@@ -85,6 +98,12 @@ pub fn watch(
                     debug!("barrier: acknowledging: {e}");
                 }
             });
+            if !queued {
+                warn!(
+                    "barrier: too many notifications waiting for the newest OSD map; this one \
+                     goes unanswered, and its fence is asked again"
+                );
+            }
         },
         broken,
     )

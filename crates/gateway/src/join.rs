@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::info;
 
 use super::volume::RbdVolume;
 use super::{barrier, fence, lease};
@@ -51,10 +51,7 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
         pause_for_tests();
         if !watching {
             vol.watch_barrier()?;
-            vol.ceph
-                .current()
-                .cluster
-                .wait_for_latest_osdmap()
+            super::osdmap::latest(&vol.ceph.current().cluster)
                 .map_err(|e| format!("{}: {e}", vol.spec))?;
             watching = true;
         }
@@ -109,20 +106,7 @@ fn next(count: &[u8]) -> Vec<u8> {
 /// yet written) waits while PATH exists (at most two minutes), so that a
 /// test can start two joins at once, or fence while one is under way.
 fn pause_for_tests() {
-    if !braid_store::TEST_HOOKS {
-        return;
-    }
-    let Some(path) = std::env::var_os("BRAID_TEST_JOIN_PAUSE").map(std::path::PathBuf::from) else {
-        return;
-    };
-    if !path.exists() {
-        return;
-    }
-    warn!(path = %path.display(), "TEST HOOK: join paused until the file is removed");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while path.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    super::hooks::hold("BRAID_TEST_JOIN_PAUSE", "join paused");
 }
 
 /// Reads the registry and settles who else is there: a gateway that must

@@ -271,11 +271,28 @@ impl RbdVolume {
                 );
             }
         };
+        let ceph = Arc::downgrade(&self.ceph);
+        let fresh = move || match ceph.upgrade() {
+            Some(ceph) => ceph.fresh_osdmap(tag),
+            None => Err("the gateway is stopping".into()),
+        };
         let timeout = self.ceph.watch_timeout();
-        let watch = super::barrier::watch(&io, &self.image_id, timeout, changed, broken)
+        let watch = super::barrier::watch(&io, &self.image_id, timeout, fresh, changed, broken)
             .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))?;
         self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = Some(watch);
         Ok(())
+    }
+
+    /// Stops watching the barrier object (an incarnation that stopped
+    /// writing: its fences need not wait for it).
+    pub(crate) fn unwatch(&self) {
+        let watch = self
+            .handle
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .watch
+            .take();
+        drop(watch);
     }
 
     /// Writes this incarnation's record in the image's metadata (when it
@@ -437,7 +454,7 @@ impl RbdVolume {
             }
             super::barrier::announce(&self.ioctx(), &self.image_id);
         }
-        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = None;
+        self.unwatch();
     }
 
     /// Counts a write in flight before it goes to librbd (and holds it
@@ -495,7 +512,7 @@ impl RbdVolume {
         match seen {
             None => Ok(()),
             Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
-            Some(Ok(_)) => self.check(self.ceph.current().cluster.wait_for_latest_osdmap()),
+            Some(Ok(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
             Some(Err(e)) => {
                 self.ceph.lost(
                     self.ceph.current().tag,
