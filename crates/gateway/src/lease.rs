@@ -137,9 +137,19 @@ pub fn heartbeats(listed: &[(String, Vec<u8>)]) -> HashMap<String, u64> {
 pub type Mark = (u64, Option<u64>);
 
 /// When this gateway last saw each record renewed, by its own clock.
+///
+/// Only time during which this gateway was looking counts against a
+/// record: a gateway looks every third of its lease, and a gap between two
+/// looks longer than half a record's lease is a stall of this gateway or
+/// of the whole cluster (`ceph osd pause`), during which no record could
+/// be renewed, nor seen renewed. Such a gap, past that half, is not
+/// counted, so a stall that ends does not make every other gateway look
+/// dead at the first look after it.
 #[derive(Debug, Default)]
 pub struct Observed {
     seen: HashMap<String, (Mark, Duration)>,
+    /// When the previous look was taken.
+    last: Option<Duration>,
 }
 
 impl Observed {
@@ -156,6 +166,8 @@ impl Observed {
     ) -> View {
         let mut view = View::default();
         let mut still = HashMap::new();
+        let gap = self.last.map_or(Duration::ZERO, |l| now.saturating_sub(l));
+        self.last = Some(now);
         for (k, v) in listed {
             if k == own || !k.starts_with(PREFIX) {
                 continue;
@@ -169,8 +181,9 @@ impl Observed {
                 continue;
             }
             let mark = (entry.seq, beats.get(k).copied());
+            let unseen = gap.saturating_sub(entry.lease() / 2);
             let since = match self.seen.get(k) {
-                Some(&(seen, since)) if seen == mark => since,
+                Some(&(seen, since)) if seen == mark => (since + unseen).min(now),
                 _ => now,
             };
             still.insert(k.clone(), (mark, since));
@@ -236,8 +249,9 @@ mod tests {
                 .len(),
             1
         );
-        // Beats at 2 s and 4 s: alive until 7 s by this clock.
-        for (at, n) in [(2, 2), (4, 3), (6, 3)] {
+        // Beats at 2 s and 4 s: alive until 7 s by this clock (which
+        // looks every second, as a gateway looks every third of its lease).
+        for (at, n) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 3)] {
             let v = o.update(at * S, &own, &scope(), &record, &beat(n));
             assert_eq!(v.live.len(), 1, "at {at} s");
         }
@@ -251,12 +265,51 @@ mod tests {
             o.update(8 * S, &own, &scope(), &record, &none()).live.len(),
             1
         );
+        for at in [9 * S, 10 * S] {
+            assert_eq!(o.update(at, &own, &scope(), &record, &none()).live.len(), 1);
+        }
         assert_eq!(
             o.update(11 * S, &own, &scope(), &record, &none())
                 .expired
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn a_stall_between_two_looks_does_not_count_against_a_record() {
+        let mut o = Observed::default();
+        let own = key(1);
+        let record = [entry(2, 1, 3000)];
+        let beat = |n: u64| HashMap::from([(key(2), n)]);
+        assert_eq!(
+            o.update(Duration::ZERO, &own, &scope(), &record, &beat(1))
+                .live
+                .len(),
+            1
+        );
+        assert_eq!(o.update(S, &own, &scope(), &record, &beat(2)).live.len(), 1);
+        // Nothing could be looked at for 40 s (the OSDs paused), and the
+        // first look after shows the heartbeat as it was.
+        let v = o.update(41 * S, &own, &scope(), &record, &beat(2));
+        assert_eq!(
+            v.live.len(),
+            1,
+            "a stall is no failure of the other gateway"
+        );
+        // Looked at again and again, still unrenewed: it expires a lease
+        // of looking later.
+        let mut at = 41_000;
+        let mut expired_at = None;
+        while expired_at.is_none() && at < 60_000 {
+            at += 1000;
+            let v = o.update(Duration::from_millis(at), &own, &scope(), &record, &beat(2));
+            if !v.expired.is_empty() {
+                expired_at = Some(at);
+            }
+        }
+        let expired_at = expired_at.expect("it expires");
+        assert!((42_000..=45_000).contains(&expired_at), "{expired_at}");
     }
 
     #[test]
@@ -282,13 +335,16 @@ mod tests {
         );
         assert_eq!(v.live.len(), 1, "its own record is not listed");
         assert_eq!(v.live[0].tag, 2);
-        // Unchanged for less than the lease: alive.
-        assert_eq!(
-            o.update(2 * S, &own, &scope(), &[entry(2, 1, 3000)], &none())
-                .live
-                .len(),
-            1
-        );
+        // Unchanged for less than the lease: alive (looked at every
+        // second, as a gateway looks every third of its lease).
+        for at in [S, 2 * S] {
+            assert_eq!(
+                o.update(at, &own, &scope(), &[entry(2, 1, 3000)], &none())
+                    .live
+                    .len(),
+                1
+            );
+        }
         // Renewed at 2.5 s: alive until 5.5 s by this clock.
         let renewed = Duration::from_millis(2500);
         assert_eq!(
@@ -297,12 +353,14 @@ mod tests {
                 .len(),
             1
         );
-        assert_eq!(
-            o.update(5 * S, &own, &scope(), &[entry(2, 2, 3000)], &none())
-                .live
-                .len(),
-            1
-        );
+        for at in [4 * S, 5 * S] {
+            assert_eq!(
+                o.update(at, &own, &scope(), &[entry(2, 2, 3000)], &none())
+                    .live
+                    .len(),
+                1
+            );
+        }
         let v = o.update(6 * S, &own, &scope(), &[entry(2, 2, 3000)], &none());
         assert!(v.live.is_empty());
         assert_eq!(v.expired[0].tag, 2, "an expired record is kept for fencing");
@@ -314,8 +372,11 @@ mod tests {
         // Whatever its age by its writer's clock: unknown here.
         let v = o.update(100 * S, &key(9), &scope(), &[entry(3, 77, 1000)], &none());
         assert_eq!(v.live.len(), 1);
+        let half = Duration::from_millis(100_500);
+        let v = o.update(half, &key(9), &scope(), &[entry(3, 77, 1000)], &none());
+        assert_eq!(v.live.len(), 1);
         let v = o.update(
-            Duration::from_millis(101_500),
+            Duration::from_millis(101_000),
             &key(9),
             &scope(),
             &[entry(3, 77, 1000)],

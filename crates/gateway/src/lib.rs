@@ -55,6 +55,7 @@ mod resize;
 mod servable;
 mod size;
 mod volume;
+mod watching;
 mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,6 +2,7 @@
 //! kept in the image's gateway registry; other gateways' portals and
 //! fencing their connections (`Peers`).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
@@ -33,9 +34,12 @@ pub struct RbdVolume {
     /// What this image's gateway records name (`lease::Scope`).
     pub(super) scope: lease::Scope,
     identity: Uuid,
-    handle: RwLock<Handle>,
+    pub(super) handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
     writes: Arc<Writes>,
+    /// The barrier watch lapsed and is being registered again
+    /// (`watching.rs`).
+    pub(super) rewatching: AtomicBool,
     /// For metrics and status (`figures.rs`).
     pub(crate) counters: super::counters::Counters,
 }
@@ -153,6 +157,7 @@ impl RbdVolume {
             }),
             lease: Mutex::new(LeaseState::default()),
             writes: Arc::default(),
+            rewatching: AtomicBool::new(false),
             counters: Default::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
@@ -244,55 +249,6 @@ impl RbdVolume {
             watch: None,
             updates: Some(updates),
         })
-    }
-
-    /// Starts watching the barrier object (an image this gateway writes);
-    /// a broken watch makes the gateway reconnect.
-    pub(crate) fn watch_barrier(self: &Arc<Self>) -> Result<(), String> {
-        let io = self.ioctx();
-        let ceph = Arc::downgrade(&self.ceph);
-        let me = Arc::downgrade(self);
-        let tag = self.ceph.current().tag;
-        let changed = move || {
-            if let Some(vol) = me.upgrade() {
-                if let Err(e) = vol.look() {
-                    warn!("{}: reading the gateway registry: {e}", vol.spec);
-                }
-            }
-        };
-        let broken = move |err| {
-            if let Some(ceph) = ceph.upgrade() {
-                ceph.lost(
-                    tag,
-                    format!(
-                        "the watch on the barrier object broke ({})",
-                        std::io::Error::from_raw_os_error(err)
-                    ),
-                );
-            }
-        };
-        let ceph = Arc::downgrade(&self.ceph);
-        let fresh = move || match ceph.upgrade() {
-            Some(ceph) => ceph.fresh_osdmap(tag),
-            None => Err("the gateway is stopping".into()),
-        };
-        let timeout = self.ceph.watch_timeout();
-        let watch = super::barrier::watch(&io, &self.image_id, timeout, fresh, changed, broken)
-            .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))?;
-        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = Some(watch);
-        Ok(())
-    }
-
-    /// Stops watching the barrier object (an incarnation that stopped
-    /// writing: its fences need not wait for it).
-    pub(crate) fn unwatch(&self) {
-        let watch = self
-            .handle
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .watch
-            .take();
-        drop(watch);
     }
 
     /// Writes this incarnation's record in the image's metadata (when it
@@ -499,9 +455,11 @@ impl RbdVolume {
     /// Before a write: makes sure this gateway missed no barrier. Its
     /// barrier watch is confirmed by the OSD every few seconds; one not
     /// confirmed for half its timeout may have lapsed (a process stopped
-    /// for a while), and a barrier may have passed without it, so the
-    /// newest OSD map is fetched first; a watch known broken means the
-    /// gateway must reconnect, and the write is not made.
+    /// for a while, or the OSDs), and a barrier may have passed without
+    /// it, so the newest OSD map is fetched first, as it is while a watch
+    /// that broke is registered again; a watch broken because this client
+    /// was blocklisted means the gateway must reconnect, and the write is
+    /// not made.
     ///
     /// # Errors
     ///
@@ -513,13 +471,17 @@ impl RbdVolume {
             None => Ok(()),
             Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
             Some(Ok(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
-            Some(Err(e)) => {
+            Some(Err(e)) if e.blocklisted() => {
                 self.ceph.lost(
                     self.ceph.current().tag,
                     format!("{}: the barrier watch broke: {e}", self.spec),
                 );
                 Err(std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))
             }
+            // Lapsed, not refused (the OSDs stalled): until it is watched
+            // again (`watching.rs`), every write fetches the newest map
+            // first, which is what a barrier would have made it do.
+            Some(Err(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
         }
     }
 
