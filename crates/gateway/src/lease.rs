@@ -237,18 +237,24 @@ mod tests {
         HashMap::new()
     }
 
+    /// Gateway 2's heartbeat, as gateway 1 sees it.
+    fn beat(n: u64) -> HashMap<String, u64> {
+        HashMap::from([(key(2), n)])
+    }
+
+    /// Gateway 1 has seen gateway 2's record (lease 3 s) and its first
+    /// heartbeat at 0 s.
+    fn beating() -> (Observed, String, [(String, String); 1]) {
+        let mut o = Observed::default();
+        let (own, record) = (key(1), [entry(2, 1, 3000)]);
+        let v = o.update(Duration::ZERO, &own, &scope(), &record, &beat(1));
+        assert_eq!(v.live.len(), 1);
+        (o, own, record)
+    }
+
     #[test]
     fn a_record_lives_while_its_heartbeat_grows_though_the_record_stays_as_written() {
-        let mut o = Observed::default();
-        let own = key(1);
-        let record = [entry(2, 1, 3000)];
-        let beat = |n: u64| HashMap::from([(key(2), n)]);
-        assert_eq!(
-            o.update(Duration::ZERO, &own, &scope(), &record, &beat(1))
-                .live
-                .len(),
-            1
-        );
+        let (mut o, own, record) = beating();
         // Beats at 2 s and 4 s: alive until 7 s by this clock (which
         // looks every second, as a gateway looks every third of its lease).
         for (at, n) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 3)] {
@@ -278,16 +284,7 @@ mod tests {
 
     #[test]
     fn a_stall_between_two_looks_does_not_count_against_a_record() {
-        let mut o = Observed::default();
-        let own = key(1);
-        let record = [entry(2, 1, 3000)];
-        let beat = |n: u64| HashMap::from([(key(2), n)]);
-        assert_eq!(
-            o.update(Duration::ZERO, &own, &scope(), &record, &beat(1))
-                .live
-                .len(),
-            1
-        );
+        let (mut o, own, record) = beating();
         assert_eq!(o.update(S, &own, &scope(), &record, &beat(2)).live.len(), 1);
         // Nothing could be looked at for 40 s (the OSDs paused), and the
         // first look after shows the heartbeat as it was.
