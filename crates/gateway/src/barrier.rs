@@ -28,6 +28,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use braid_proto::braid_ns::ConnId;
 use braid_rbd::{IoCtx, Watch};
 use tracing::{debug, warn};
 
@@ -40,6 +41,23 @@ const PAYLOAD: &[u8] = b"braid osdmap barrier v1";
 /// again at once, rather than at its next lease renewal, so that clients
 /// learn of a new gateway from any other right away.
 const CHANGED: &[u8] = b"braid registry changed v1";
+
+/// Asks the gateway that issued the connection ids that follow (hex,
+/// comma-separated) to close them and answer once every request they had
+/// received has ended: a fence of a live gateway without a blocklist.
+const DROP: &[u8] = b"braid drop v1 ";
+
+/// What a gateway asked to drop connections did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// It closed them, and nothing they received is still in flight.
+    Dropped,
+    /// It did not answer in time: it must be blocklisted.
+    Late,
+    /// It does not watch the object now (its watch lapsed and is being
+    /// registered again, or it left): nothing can be said yet.
+    Absent,
+}
 
 /// The object the gateways of image `id` watch.
 pub fn object(image_id: &str) -> String {
@@ -67,6 +85,7 @@ pub fn watch(
     image_id: &str,
     timeout: Duration,
     fresh: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    drop_conns: impl Fn(Vec<ConnId>) + Send + Sync + 'static,
     changed: impl Fn() + Send + Sync + 'static,
     broken: impl Fn(i32) + Send + Sync + 'static,
 ) -> braid_rbd::Result<Watch> {
@@ -75,6 +94,7 @@ pub fn watch(
     let acker = io.clone();
     let oid2 = oid.clone();
     let (fresh, changed) = (Arc::new(fresh), Arc::new(changed));
+    let drop_conns = Arc::new(drop_conns);
     let pool = Pool::new("braid-barrier", ACK_THREADS, ACK_QUEUE);
     io.watch(
         &oid,
@@ -82,10 +102,14 @@ pub fn watch(
         move |n| {
             let (io, oid, fresh, changed) =
                 (acker.clone(), oid2.clone(), fresh.clone(), changed.clone());
+            let drop_conns = drop_conns.clone();
             // Callbacks run on a librados thread, which must not wait.
             let queued = pool.try_run(move || {
                 if n.data == CHANGED {
                     changed();
+                }
+                if let Some(ids) = dropped(&n.data) {
+                    drop_conns(ids);
                 }
                 if n.data == PAYLOAD {
                     if let Err(e) = fresh() {
@@ -107,6 +131,42 @@ pub fn watch(
         },
         broken,
     )
+}
+
+/// The connection ids a drop request names.
+fn dropped(data: &[u8]) -> Option<Vec<ConnId>> {
+    let list = std::str::from_utf8(data.strip_prefix(DROP)?).ok()?;
+    list.split(',')
+        .map(|id| u128::from_str_radix(id, 16).ok().map(ConnId))
+        .collect()
+}
+
+/// Asks the gateway whose RADOS client is `gid` to drop connections
+/// `ids` (its own) and waits up to `timeout` for it to say they ended.
+///
+/// # Errors
+///
+/// The notification failed.
+pub fn ask_drop(
+    io: &IoCtx,
+    image_id: &str,
+    gid: u64,
+    ids: &[ConnId],
+    timeout: Duration,
+) -> Result<Asked, String> {
+    let mut data = DROP.to_vec();
+    let list: Vec<String> = ids.iter().map(|id| format!("{:x}", id.0)).collect();
+    data.extend_from_slice(list.join(",").as_bytes());
+    let outcome = io
+        .notify(&object(image_id), &data, timeout)
+        .map_err(|e| format!("asking a gateway to drop connections: {e}"))?;
+    Ok(if outcome.acked.iter().any(|&(g, _)| g == gid) {
+        Asked::Dropped
+    } else if outcome.timed_out.iter().any(|&(g, _)| g == gid) {
+        Asked::Late
+    } else {
+        Asked::Absent
+    })
 }
 
 /// Tells the other gateways of image `id` that the registry changed (no
@@ -148,5 +208,20 @@ pub fn run(io: &IoCtx, image_id: &str, timeout: Duration, excused: &[u64]) -> Re
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drop_request_names_its_connections_and_nothing_else_is_one() {
+        let ids = [ConnId(0xab << 64 | 1), ConnId(7)];
+        let list: Vec<String> = ids.iter().map(|id| format!("{:x}", id.0)).collect();
+        let data = [DROP, list.join(",").as_bytes()].concat();
+        assert_eq!(dropped(&data), Some(ids.to_vec()));
+        assert_eq!(dropped(PAYLOAD), None);
+        assert_eq!(dropped(b"braid drop v1 zz"), None);
     }
 }

@@ -357,6 +357,29 @@ impl Ceph {
         r
     }
 
+    /// Another gateway asks incarnation `tag` to drop connections `ids`
+    /// (`fence.rs`): closes those it issued and returns once every request
+    /// they had received has ended. Runs on a barrier thread, not the
+    /// runtime's.
+    pub(crate) fn drop_conns(&self, tag: u64, ids: &[ConnId]) {
+        let Some(started) = self.started.get() else {
+            return;
+        };
+        let mine: Vec<ConnId> = ids
+            .iter()
+            .copied()
+            .filter(|id| Registry::tag_of(*id) == tag && self.current().tag == tag)
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        info!(
+            connections = mine.len(),
+            "another gateway asks this one to drop connections a client fences: closing them"
+        );
+        started.runtime.block_on(started.registry.fence(&mine));
+    }
+
     /// Incarnation `tag` lost its cluster connection or was blocklisted:
     /// reconnect as a new one (once, however many report it).
     pub(crate) fn lost(self: &Arc<Self>, tag: u64, why: String) {

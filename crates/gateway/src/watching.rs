@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use braid_proto::braid_ns::ConnId;
 use braid_rbd::Watch;
 use tracing::{info, warn};
 
@@ -69,9 +70,23 @@ impl RbdVolume {
             Some(ceph) => ceph.fresh_osdmap(tag),
             None => Err("the gateway is stopping".into()),
         };
+        let ceph = Arc::downgrade(&self.ceph);
+        let drop_conns = move |ids: Vec<ConnId>| {
+            if let Some(ceph) = ceph.upgrade() {
+                ceph.drop_conns(tag, &ids);
+            }
+        };
         let timeout = self.ceph.watch_timeout();
-        super::barrier::watch(&io, &self.image_id, timeout, fresh, changed, broken)
-            .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))
+        super::barrier::watch(
+            &io,
+            &self.image_id,
+            timeout,
+            fresh,
+            drop_conns,
+            changed,
+            broken,
+        )
+        .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))
     }
 
     /// Counts on `watch` from now on (the one it replaces is unregistered
