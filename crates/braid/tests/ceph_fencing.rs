@@ -9,7 +9,10 @@
 //! Ceph user that may not blocklist serves an image alone, and no gateway
 //! joins it; of two gateways that must serve alone and join at once, one
 //! serves. A gateway's metrics count the fences, blocklists and barriers,
-//! and its status lists its live peers.
+//! and its status lists its live peers. Lease renewals are heartbeats in
+//! the barrier object's map, and leave the image's metadata alone. A
+//! gateway that cannot get OSD maps from the monitors stops serving rather
+//! than hold up the fences of its image.
 
 #![cfg(feature = "rbd")]
 
@@ -28,12 +31,10 @@ use common::{output, signal, Serve};
 /// Waits until A lists B's portal, then opens the volume through A's URI
 /// with the failover policy, B first: every write goes to B while it works.
 async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiator::Volume> {
-    let uri = a.uri("vol");
-    let listed = format!("x-braid:portal={b_portal}");
+    let (uri, b) = (a.uri("vol"), b_portal.to_owned());
     tokio::task::spawn_blocking(move || {
         cephkit::eventually(Duration::from_secs(20), "A announces B", || {
-            let out = common::run(common::cmd("nbdinfo").args(["--list", &uri]));
-            String::from_utf8_lossy(&out.stdout).contains(&listed)
+            announces(&uri, &b)
         });
     })
     .await
@@ -50,6 +51,12 @@ async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiat
         cfg.paths = rules;
     })
     .await
+}
+
+/// Whether the gateway at `uri` answers `x-braid:portal` with `portal`.
+fn announces(uri: &str, portal: &str) -> bool {
+    let out = common::run(common::cmd("nbdinfo").args(["--list", uri]));
+    String::from_utf8_lossy(&out.stdout).contains(&format!("x-braid:portal={portal}"))
 }
 
 /// Two gateways A and B; a client writes block 0 through B (version 1),
@@ -465,4 +472,81 @@ fn a_gateways_status_shows_its_peers_and_its_metrics_the_live_gateways_and_fence
     );
     assert_eq!(peers(), serde_json::json!([]), "B is no peer once fenced");
     drop((a, b));
+}
+
+/// The keys and values of the barrier object's map (`rados
+/// listomapvals`), where heartbeats go.
+fn heartbeats(c: &cephkit::Cluster, img: &cephkit::Image) -> String {
+    let barrier = format!("braid_gateways.{}", img.id);
+    let out = c.ok("rados", &["-p", &img.pool, "listomapvals", &barrier]);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[needs("ceph-mon")]
+fn lease_renewals_leave_the_images_metadata_alone_and_keep_the_gateways_alive() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("beats", "16M", Some("layering"));
+    let lease = ["--gateway-lease", "2"];
+    let a = c.gateway(&img, &lease);
+    let b = c.gateway(&img, &lease);
+    let (uri, b_portal) = (a.uri("vol"), b.addr().to_string());
+    cephkit::eventually(Duration::from_secs(20), "A lists B", || {
+        announces(&uri, &b_portal)
+    });
+    let records = img.meta();
+    assert_eq!(img.gateways().len(), 2, "{records:?}");
+    let beats = heartbeats(c, &img);
+    // Over three leases each gateway renews nine times.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        img.meta(),
+        records,
+        "a renewal changed the image's metadata (every change of it is announced to every \
+         client of the image)"
+    );
+    assert_ne!(heartbeats(c, &img), beats, "no heartbeat was renewed");
+    assert!(announces(&uri, &b_portal), "B is still alive to A");
+    assert!(
+        !a.log().contains("ran out") && !b.log().contains("ran out"),
+        "a live gateway's lease ran out:\n{}\n{}",
+        a.log(),
+        b.log()
+    );
+    drop((a, b));
+}
+
+#[needs("ceph-mon")]
+fn a_gateway_cut_off_from_the_monitors_stops_serving_instead_of_holding_up_fences() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("cutoff", "16M", Some("layering"));
+    let scratch = tempfile::tempdir().unwrap();
+    let cut = scratch.path().join("cut");
+    let cut_env = cut.display().to_string();
+    let lease = ["--gateway-lease", "2"];
+    let a = c.gateway(&img, &lease);
+    // B's OSD map fetches wait while the file exists, as they do when the
+    // monitors cannot be reached and the OSDs can.
+    let b = c.gateway_env(&img, &lease, &[("BRAID_TEST_NO_OSDMAP", &cut_env)]);
+    let s = c.gateway(&img, &lease);
+    cephkit::eventually(Duration::from_secs(20), "three records", || {
+        img.gateways().len() == 3
+    });
+    std::fs::write(&cut, b"").unwrap();
+    // S dies: A fences it once its lease ran out, and every live gateway
+    // must confirm the barrier, B too, which cannot.
+    signal(s.pid(), libc::SIGKILL);
+    let started = Instant::now();
+    cephkit::eventually(
+        Duration::from_secs(40),
+        "S fenced (its record removed once the barrier passed)",
+        || img.gateways().iter().all(|g| g["pid"] != s.pid()),
+    );
+    let took = started.elapsed();
+    assert!(b.log().contains("cut off from the monitors"), "{}", b.log());
+    std::fs::remove_file(&cut).unwrap();
+    cephkit::eventually(Duration::from_secs(30), "B rejoined", || {
+        b.log().contains("rejoined as a new RADOS client")
+    });
+    eprintln!("S fenced {took:?} after it died");
+    drop((a, b, s));
 }

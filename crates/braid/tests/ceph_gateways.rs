@@ -216,14 +216,7 @@ fn a_gateway_killed_under_a_verified_write_load_costs_no_error_and_rejoins() {
     assert!(log.mismatches.is_empty(), "{:?}", log.mismatches);
     // What the cluster holds, read without any gateway.
     let data = img.export();
-    for (block, version) in acked {
-        let at = block as usize * bs;
-        assert_eq!(
-            &data[at..at + bs],
-            &failkit::block_data(block, version, bs)[..],
-            "block {block} in the cluster"
-        );
-    }
+    failkit::assert_holds(&data, &acked, bs, "in the cluster");
     // B's record is gone: A fenced B (blocklisted it) when the client
     // asked it to fence B's connections.
     let a_addr = a.addr().to_string();

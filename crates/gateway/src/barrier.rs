@@ -14,20 +14,25 @@
 //! made to fetch the newest map: each watches one object per image, and
 //! the fencing gateway notifies it and waits for every watcher's
 //! acknowledgement, which each sends only after
-//! `rados_wait_for_latest_osdmap` returned. (An OSD drops the watches of a
+//! `rados_wait_for_latest_osdmap` returned (on a bounded pool of threads,
+//! each waiting a bounded time: `acks.rs`, `osdmap.rs`). (An OSD drops the watches of a
 //! blocklisted client, so the stale gateway is not waited for; if its
 //! watch lingers, its timeout is excused by its global id.)
 //!
 //! The object, `braid_gateways.<image id>`, lives in the image's RADOS
-//! namespace (so images of one name in two namespaces never share one), is
-//! empty, and stays after the image is removed (`rados -p POOL [-N
+//! namespace (so images of one name in two namespaces never share one),
+//! holds the gateways' lease heartbeats in its map (`lease.rs`), and stays
+//! after the image is removed (`rados -p POOL [-N
 //! NAMESPACE] rm braid_gateways.<id>`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use braid_proto::braid_ns::ConnId;
 use braid_rbd::{IoCtx, Watch};
 use tracing::{debug, warn};
+
+use super::acks::Pool;
 
 /// What a barrier notification carries.
 const PAYLOAD: &[u8] = b"braid osdmap barrier v1";
@@ -37,16 +42,40 @@ const PAYLOAD: &[u8] = b"braid osdmap barrier v1";
 /// learn of a new gateway from any other right away.
 const CHANGED: &[u8] = b"braid registry changed v1";
 
+/// Asks the gateway that issued the connection ids that follow (hex,
+/// comma-separated) to close them and answer once every request they had
+/// received has ended: a fence of a live gateway without a blocklist.
+const DROP: &[u8] = b"braid drop v1 ";
+
+/// What a gateway asked to drop connections did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// It closed them, and nothing they received is still in flight.
+    Dropped,
+    /// It did not answer in time: it must be blocklisted.
+    Late,
+    /// It does not watch the object now (its watch lapsed and is being
+    /// registered again, or it left): nothing can be said yet.
+    Absent,
+}
+
 /// The object the gateways of image `id` watch.
 pub fn object(image_id: &str) -> String {
     format!("braid_gateways.{image_id}")
 }
 
+/// How many threads acknowledge one image's barrier notifications, and
+/// how many notifications may wait for them (`acks.rs`).
+const ACK_THREADS: usize = 2;
+const ACK_QUEUE: usize = 16;
+
 /// Creates the image's barrier object if needed and watches it: each
-/// barrier notification is acknowledged once this client has the newest
-/// OSD map; `changed` runs (on a thread of its own) when another gateway
-/// joined or left. `broken` runs (on a librados thread) when the watch
-/// fails: this gateway may then miss a barrier, so it must stop serving.
+/// barrier notification is acknowledged once `fresh` says this client has
+/// the newest OSD map; `changed` runs when another gateway joined or left.
+/// Both run on a bounded pool of threads (`acks.rs`): a notification that
+/// finds it full goes unanswered, and its fence is asked again. `broken`
+/// runs (on a librados thread) when the watch fails: this gateway may then
+/// miss a barrier, so it must stop serving.
 ///
 /// # Errors
 ///
@@ -55,6 +84,8 @@ pub fn watch(
     io: &Arc<IoCtx>,
     image_id: &str,
     timeout: Duration,
+    fresh: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    drop_conns: impl Fn(Vec<ConnId>) + Send + Sync + 'static,
     changed: impl Fn() + Send + Sync + 'static,
     broken: impl Fn(i32) + Send + Sync + 'static,
 ) -> braid_rbd::Result<Watch> {
@@ -62,19 +93,26 @@ pub fn watch(
     io.touch(&oid)?;
     let acker = io.clone();
     let oid2 = oid.clone();
-    let changed = Arc::new(changed);
+    let (fresh, changed) = (Arc::new(fresh), Arc::new(changed));
+    let drop_conns = Arc::new(drop_conns);
+    let pool = Pool::new("braid-barrier", ACK_THREADS, ACK_QUEUE);
     io.watch(
         &oid,
         timeout,
         move |n| {
-            let (io, oid, changed) = (acker.clone(), oid2.clone(), changed.clone());
+            let (io, oid, fresh, changed) =
+                (acker.clone(), oid2.clone(), fresh.clone(), changed.clone());
+            let drop_conns = drop_conns.clone();
             // Callbacks run on a librados thread, which must not wait.
-            std::thread::spawn(move || {
+            let queued = pool.try_run(move || {
                 if n.data == CHANGED {
                     changed();
                 }
+                if let Some(ids) = dropped(&n.data) {
+                    drop_conns(ids);
+                }
                 if n.data == PAYLOAD {
-                    if let Err(e) = io.cluster().wait_for_latest_osdmap() {
+                    if let Err(e) = fresh() {
                         // Not acknowledged: the fence waits and retries.
                         warn!("barrier: could not fetch the newest OSD map: {e}");
                         return;
@@ -84,9 +122,51 @@ pub fn watch(
                     debug!("barrier: acknowledging: {e}");
                 }
             });
+            if !queued {
+                warn!(
+                    "barrier: too many notifications waiting for the newest OSD map; this one \
+                     goes unanswered, and its fence is asked again"
+                );
+            }
         },
         broken,
     )
+}
+
+/// The connection ids a drop request names.
+fn dropped(data: &[u8]) -> Option<Vec<ConnId>> {
+    let list = std::str::from_utf8(data.strip_prefix(DROP)?).ok()?;
+    list.split(',')
+        .map(|id| u128::from_str_radix(id, 16).ok().map(ConnId))
+        .collect()
+}
+
+/// Asks the gateway whose RADOS client is `gid` to drop connections
+/// `ids` (its own) and waits up to `timeout` for it to say they ended.
+///
+/// # Errors
+///
+/// The notification failed.
+pub fn ask_drop(
+    io: &IoCtx,
+    image_id: &str,
+    gid: u64,
+    ids: &[ConnId],
+    timeout: Duration,
+) -> Result<Asked, String> {
+    let mut data = DROP.to_vec();
+    let list: Vec<String> = ids.iter().map(|id| format!("{:x}", id.0)).collect();
+    data.extend_from_slice(list.join(",").as_bytes());
+    let outcome = io
+        .notify(&object(image_id), &data, timeout)
+        .map_err(|e| format!("asking a gateway to drop connections: {e}"))?;
+    Ok(if outcome.acked.iter().any(|&(g, _)| g == gid) {
+        Asked::Dropped
+    } else if outcome.timed_out.iter().any(|&(g, _)| g == gid) {
+        Asked::Late
+    } else {
+        Asked::Absent
+    })
 }
 
 /// Tells the other gateways of image `id` that the registry changed (no
@@ -128,5 +208,20 @@ pub fn run(io: &IoCtx, image_id: &str, timeout: Duration, excused: &[u64]) -> Re
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_drop_request_names_its_connections_and_nothing_else_is_one() {
+        let ids = [ConnId(0xab << 64 | 1), ConnId(7)];
+        let list: Vec<String> = ids.iter().map(|id| format!("{:x}", id.0)).collect();
+        let data = [DROP, list.join(",").as_bytes()].concat();
+        assert_eq!(dropped(&data), Some(ids.to_vec()));
+        assert_eq!(dropped(PAYLOAD), None);
+        assert_eq!(dropped(b"braid drop v1 zz"), None);
     }
 }

@@ -14,7 +14,17 @@
 //!   it was blocklisted and the OSD map barrier passed. A record copied
 //!   from another image (`lease.rs`) is no record of this image's: it is
 //!   removed, and its gateway is not fenced.
-//! - with a record (alive or expired): it blocklists that address, runs
+//! - with a record that is alive by its lease: it asks that gateway,
+//!   through the barrier object, to close the named connections and
+//!   answer once every request they had received has ended (the same
+//!   promise as a fence on one server). A gateway that answers is not
+//!   blocklisted: it was alive, and a client's opinion of one path (or a
+//!   stall of the whole cluster, during which every path looks dead) is no
+//!   reason to cut every connection of it. One that does not answer in
+//!   time is treated as stalled, below; one that does not watch the object
+//!   at that moment (its watch lapsed and is being registered again) makes
+//!   the fence fail, and the client asks again.
+//! - with a record that expired, or alive and silent: it blocklists that address, runs
 //!   the OSD map barrier (`barrier.rs`), and only then removes the record
 //!   and confirms. From then on the OSDs refuse everything the stale
 //!   gateway still holds, so nothing it held can land after the re-sent
@@ -26,9 +36,14 @@ use std::time::Duration;
 use braid_proto::braid_ns::ConnId;
 use tracing::{info, warn};
 
+use super::barrier;
 use super::lease::{self, Entry};
 use super::volume::RbdVolume;
 use crate::registry::Registry;
+
+/// How long a live gateway has to drop the connections a client fences
+/// before it is blocklisted.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long every live gateway has to confirm the newest OSD map.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -65,6 +80,34 @@ pub(super) fn fence_ids(vol: &RbdVolume, ids: &[ConnId]) -> Result<(), String> {
         if entry.scope != vol.scope {
             vol.remove_foreign(&vol.image(), &key);
             continue;
+        }
+        if vol.live().iter().any(|e| e.tag == entry.tag) {
+            let named: Vec<ConnId> = ids
+                .iter()
+                .copied()
+                .filter(|id| Registry::tag_of(*id) == tag)
+                .collect();
+            let asked =
+                barrier::ask_drop(&vol.ioctx(), &vol.image_id, entry.gid, &named, ASK_TIMEOUT)?;
+            match asked {
+                barrier::Asked::Dropped => {
+                    info!(
+                        gateway = %entry.addr,
+                        host = %entry.host,
+                        pid = entry.pid,
+                        "a client fences connections of another gateway, alive: it dropped them"
+                    );
+                    continue;
+                }
+                barrier::Asked::Absent => {
+                    return Err(format!(
+                        "gateway {} (host {}, pid {}) is alive by its lease and not watching the \
+                         image's barrier object now; ask again",
+                        entry.addr, entry.host, entry.pid
+                    ));
+                }
+                barrier::Asked::Late => {}
+            }
         }
         warn!(
             gateway = %entry.addr,
@@ -104,8 +147,7 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
     let io = vol.ioctx();
     vol.counters
         .barrier(|| super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid]))?;
-    vol.image()
-        .metadata_remove(&lease::key(entry.tag))
+    vol.unrecord(&lease::key(entry.tag))
         .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;
     info!(
         gateway = %entry.addr,

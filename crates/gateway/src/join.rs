@@ -25,7 +25,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::info;
 
 use super::volume::RbdVolume;
 use super::{barrier, fence, lease};
@@ -51,14 +51,11 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
         pause_for_tests();
         if !watching {
             vol.watch_barrier()?;
-            vol.ceph
-                .current()
-                .cluster
-                .wait_for_latest_osdmap()
+            super::osdmap::latest(&vol.ceph.current().cluster)
                 .map_err(|e| format!("{}: {e}", vol.spec))?;
             watching = true;
         }
-        vol.renew(portals).map_err(|e| {
+        vol.record(portals).map_err(|e| {
             format!(
                 "{}: writing this gateway's record in the image: {e}",
                 vol.spec
@@ -109,20 +106,7 @@ fn next(count: &[u8]) -> Vec<u8> {
 /// yet written) waits while PATH exists (at most two minutes), so that a
 /// test can start two joins at once, or fence while one is under way.
 fn pause_for_tests() {
-    if !braid_store::TEST_HOOKS {
-        return;
-    }
-    let Some(path) = std::env::var_os("BRAID_TEST_JOIN_PAUSE").map(std::path::PathBuf::from) else {
-        return;
-    };
-    if !path.exists() {
-        return;
-    }
-    warn!(path = %path.display(), "TEST HOOK: join paused until the file is removed");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while path.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    super::hooks::hold("BRAID_TEST_JOIN_PAUSE", "join paused");
 }
 
 /// Reads the registry and settles who else is there: a gateway that must
@@ -133,6 +117,7 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
     let first = vol
         .look()
         .map_err(|e| format!("{}: reading the gateway registry: {e}", vol.spec))?;
+    let first_marks = first.marks;
     let mut conflicts: Vec<lease::Entry> = first
         .live
         .into_iter()
@@ -177,12 +162,7 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
                 .iter()
                 .find(|e| conflicts.iter().any(|c| c.tag == e.tag))
             {
-                if e.seq
-                    != conflicts
-                        .iter()
-                        .find(|c| c.tag == e.tag)
-                        .map_or(e.seq, |c| c.seq)
-                {
+                if view.marks.get(&e.tag) != first_marks.get(&e.tag) {
                     return Err(format!(
                         "{}: gateway {} (host {}, pid {}) serves this image{}; {}",
                         vol.spec,

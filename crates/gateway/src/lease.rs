@@ -3,11 +3,17 @@
 //! are alive.
 //!
 //! A gateway writes its record under `braid.gateway.<tag>` before it
-//! accepts a connection, renews it (a growing `seq`) every third of its
-//! lease, and removes it when it stops cleanly, after every connection
-//! drained. Another gateway judges a record by its own monotonic clock:
-//! alive while `seq` changed within the record's lease, expired after; so
-//! no two hosts' clocks need to agree. An expired record is not forgotten:
+//! accepts a connection and removes it when it stops cleanly, after every
+//! connection drained: the image's metadata changes only when a gateway
+//! joins or leaves, as librbd announces every change of it to every client
+//! of the image and waits up to 5 s for their answers. Between the two it
+//! renews its lease with a heartbeat (a growing number, under the same key)
+//! in the map of the image's barrier object (`barrier.rs`), every third of
+//! its lease: one small write to one object, noticed by nobody. Another
+//! gateway judges a record by its own monotonic clock: alive while its
+//! heartbeat (or the record's own `seq`, which older versions renewed)
+//! changed within the record's lease, expired after; so no two hosts'
+//! clocks need to agree. An expired record is not forgotten:
 //! its gateway may only be stalled, with writes still inside it, so a
 //! surviving gateway blocklists the record's RADOS address before removing
 //! it (`fence.rs`). A record that is gone therefore names a gateway that
@@ -63,7 +69,7 @@ pub struct Entry {
     pub portals: Vec<String>,
     /// How long the record stays alive without a renewal.
     pub lease_ms: u64,
-    /// Grows with every renewal.
+    /// Grows with every rewrite of the record (renewals are heartbeats).
     pub seq: u64,
     /// The gateway serves the image alone: no other gateway may join it
     /// (it cannot blocklist, or it caches writes).
@@ -108,26 +114,60 @@ pub struct View {
     /// Keys of records that belong to another image (copied with the
     /// metadata): never fenced, to be removed.
     pub foreign: Vec<String>,
+    /// What showed each record (alive or expired) renewed, by tag: a
+    /// change between two views is a renewal.
+    pub marks: HashMap<u64, Mark>,
 }
 
-/// When this gateway last saw each record change, by its own clock.
+/// The heartbeats in the barrier object's map, by record key: the key's
+/// value is a number that grows with each renewal (unreadable ones are
+/// left out, as if never renewed).
+pub fn heartbeats(listed: &[(String, Vec<u8>)]) -> HashMap<String, u64> {
+    listed
+        .iter()
+        .filter(|(k, _)| k.starts_with(PREFIX))
+        .filter_map(|(k, v)| {
+            let n = std::str::from_utf8(v).ok()?.parse().ok()?;
+            Some((k.clone(), n))
+        })
+        .collect()
+}
+
+/// What shows a record renewed: its own `seq` and its heartbeat.
+pub type Mark = (u64, Option<u64>);
+
+/// When this gateway last saw each record renewed, by its own clock.
+///
+/// Only time during which this gateway was looking counts against a
+/// record: a gateway looks every third of its lease, and a gap between two
+/// looks longer than half a record's lease is a stall of this gateway or
+/// of the whole cluster (`ceph osd pause`), during which no record could
+/// be renewed, nor seen renewed. Such a gap, past that half, is not
+/// counted, so a stall that ends does not make every other gateway look
+/// dead at the first look after it.
 #[derive(Debug, Default)]
 pub struct Observed {
-    seen: HashMap<String, (u64, Duration)>,
+    seen: HashMap<String, (Mark, Duration)>,
+    /// When the previous look was taken.
+    last: Option<Duration>,
 }
 
 impl Observed {
     /// Takes the registry of the image `scope` as listed at `now` (this
-    /// gateway's monotonic clock) and sorts the records other than `own`.
+    /// gateway's monotonic clock), with the heartbeats read after it, and
+    /// sorts the records other than `own`.
     pub fn update(
         &mut self,
         now: Duration,
         own: &str,
         scope: &Scope,
         listed: &[(String, String)],
+        beats: &HashMap<String, u64>,
     ) -> View {
         let mut view = View::default();
         let mut still = HashMap::new();
+        let gap = self.last.map_or(Duration::ZERO, |l| now.saturating_sub(l));
+        self.last = Some(now);
         for (k, v) in listed {
             if k == own || !k.starts_with(PREFIX) {
                 continue;
@@ -140,11 +180,14 @@ impl Observed {
                 view.foreign.push(k.clone());
                 continue;
             }
+            let mark = (entry.seq, beats.get(k).copied());
+            let unseen = gap.saturating_sub(entry.lease() / 2);
             let since = match self.seen.get(k) {
-                Some(&(seq, since)) if seq == entry.seq => since,
+                Some(&(seen, since)) if seen == mark => (since + unseen).min(now),
                 _ => now,
             };
-            still.insert(k.clone(), (entry.seq, since));
+            still.insert(k.clone(), (mark, since));
+            view.marks.insert(entry.tag, mark);
             if now.saturating_sub(since) < entry.lease() {
                 view.live.push(entry);
             } else {
@@ -190,6 +233,92 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    fn none() -> HashMap<String, u64> {
+        HashMap::new()
+    }
+
+    /// Gateway 2's heartbeat, as gateway 1 sees it.
+    fn beat(n: u64) -> HashMap<String, u64> {
+        HashMap::from([(key(2), n)])
+    }
+
+    /// Gateway 1 has seen gateway 2's record (lease 3 s) and its first
+    /// heartbeat at 0 s.
+    fn beating() -> (Observed, String, [(String, String); 1]) {
+        let mut o = Observed::default();
+        let (own, record) = (key(1), [entry(2, 1, 3000)]);
+        let v = o.update(Duration::ZERO, &own, &scope(), &record, &beat(1));
+        assert_eq!(v.live.len(), 1);
+        (o, own, record)
+    }
+
+    #[test]
+    fn a_record_lives_while_its_heartbeat_grows_though_the_record_stays_as_written() {
+        let (mut o, own, record) = beating();
+        // Beats at 2 s and 4 s: alive until 7 s by this clock (which
+        // looks every second, as a gateway looks every third of its lease).
+        for (at, n) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 3)] {
+            let v = o.update(at * S, &own, &scope(), &record, &beat(n));
+            assert_eq!(v.live.len(), 1, "at {at} s");
+        }
+        let v = o.update(7 * S, &own, &scope(), &record, &beat(3));
+        assert!(v.live.is_empty());
+        assert_eq!(v.expired[0].tag, 2);
+        assert_eq!(v.marks[&2], (1, Some(3)), "what a joining gateway compares");
+        // A heartbeat that is gone is a change too (its gateway rewrote
+        // it, or a fence removed it): a whole lease from then.
+        assert_eq!(
+            o.update(8 * S, &own, &scope(), &record, &none()).live.len(),
+            1
+        );
+        for at in [9 * S, 10 * S] {
+            assert_eq!(o.update(at, &own, &scope(), &record, &none()).live.len(), 1);
+        }
+        assert_eq!(
+            o.update(11 * S, &own, &scope(), &record, &none())
+                .expired
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_stall_between_two_looks_does_not_count_against_a_record() {
+        let (mut o, own, record) = beating();
+        assert_eq!(o.update(S, &own, &scope(), &record, &beat(2)).live.len(), 1);
+        // Nothing could be looked at for 40 s (the OSDs paused), and the
+        // first look after shows the heartbeat as it was.
+        let v = o.update(41 * S, &own, &scope(), &record, &beat(2));
+        assert_eq!(
+            v.live.len(),
+            1,
+            "a stall is no failure of the other gateway"
+        );
+        // Looked at again and again, still unrenewed: it expires a lease
+        // of looking later.
+        let mut at = 41_000;
+        let mut expired_at = None;
+        while expired_at.is_none() && at < 60_000 {
+            at += 1000;
+            let v = o.update(Duration::from_millis(at), &own, &scope(), &record, &beat(2));
+            if !v.expired.is_empty() {
+                expired_at = Some(at);
+            }
+        }
+        let expired_at = expired_at.expect("it expires");
+        assert!((42_000..=45_000).contains(&expired_at), "{expired_at}");
+    }
+
+    #[test]
+    fn heartbeats_are_numbers_under_record_keys() {
+        let listed = [
+            (key(1), b"17".to_vec()),
+            (key(2), b"not a number".to_vec()),
+            ("other".to_owned(), b"3".to_vec()),
+        ];
+        assert_eq!(heartbeats(&listed), HashMap::from([(key(1), 17)]));
+    }
+
     #[test]
     fn a_record_lives_while_it_is_renewed_and_expires_when_it_is_not() {
         let mut o = Observed::default();
@@ -199,31 +328,37 @@ mod tests {
             &own,
             &scope(),
             &[entry(1, 1, 3000), entry(2, 1, 3000)],
+            &none(),
         );
         assert_eq!(v.live.len(), 1, "its own record is not listed");
         assert_eq!(v.live[0].tag, 2);
-        // Unchanged for less than the lease: alive.
-        assert_eq!(
-            o.update(2 * S, &own, &scope(), &[entry(2, 1, 3000)])
-                .live
-                .len(),
-            1
-        );
+        // Unchanged for less than the lease: alive (looked at every
+        // second, as a gateway looks every third of its lease).
+        for at in [S, 2 * S] {
+            assert_eq!(
+                o.update(at, &own, &scope(), &[entry(2, 1, 3000)], &none())
+                    .live
+                    .len(),
+                1
+            );
+        }
         // Renewed at 2.5 s: alive until 5.5 s by this clock.
         let renewed = Duration::from_millis(2500);
         assert_eq!(
-            o.update(renewed, &own, &scope(), &[entry(2, 2, 3000)])
+            o.update(renewed, &own, &scope(), &[entry(2, 2, 3000)], &none())
                 .live
                 .len(),
             1
         );
-        assert_eq!(
-            o.update(5 * S, &own, &scope(), &[entry(2, 2, 3000)])
-                .live
-                .len(),
-            1
-        );
-        let v = o.update(6 * S, &own, &scope(), &[entry(2, 2, 3000)]);
+        for at in [4 * S, 5 * S] {
+            assert_eq!(
+                o.update(at, &own, &scope(), &[entry(2, 2, 3000)], &none())
+                    .live
+                    .len(),
+                1
+            );
+        }
+        let v = o.update(6 * S, &own, &scope(), &[entry(2, 2, 3000)], &none());
         assert!(v.live.is_empty());
         assert_eq!(v.expired[0].tag, 2, "an expired record is kept for fencing");
     }
@@ -232,13 +367,17 @@ mod tests {
     fn a_record_first_seen_late_gets_a_whole_lease_from_then() {
         let mut o = Observed::default();
         // Whatever its age by its writer's clock: unknown here.
-        let v = o.update(100 * S, &key(9), &scope(), &[entry(3, 77, 1000)]);
+        let v = o.update(100 * S, &key(9), &scope(), &[entry(3, 77, 1000)], &none());
+        assert_eq!(v.live.len(), 1);
+        let half = Duration::from_millis(100_500);
+        let v = o.update(half, &key(9), &scope(), &[entry(3, 77, 1000)], &none());
         assert_eq!(v.live.len(), 1);
         let v = o.update(
-            Duration::from_millis(101_500),
+            Duration::from_millis(101_000),
             &key(9),
             &scope(),
             &[entry(3, 77, 1000)],
+            &none(),
         );
         assert_eq!(v.expired.len(), 1);
     }
@@ -246,15 +385,21 @@ mod tests {
     #[test]
     fn removed_records_are_forgotten_and_foreign_values_set_aside() {
         let mut o = Observed::default();
-        o.update(Duration::ZERO, &key(9), &scope(), &[entry(4, 1, 1000)]);
-        assert!(o.update(S, &key(9), &scope(), &[]).live.is_empty());
+        o.update(
+            Duration::ZERO,
+            &key(9),
+            &scope(),
+            &[entry(4, 1, 1000)],
+            &none(),
+        );
+        assert!(o.update(S, &key(9), &scope(), &[], &none()).live.is_empty());
         assert!(o.seen.is_empty());
         let listed = [
             (key(5), "not json".to_owned()),
             ("braid.other".to_owned(), "x".to_owned()),
             ("conf_rbd_cache".to_owned(), "false".to_owned()),
         ];
-        let v = o.update(2 * S, &key(9), &scope(), &listed);
+        let v = o.update(2 * S, &key(9), &scope(), &listed, &none());
         assert_eq!(v.unreadable, vec![key(5)]);
         assert!(v.live.is_empty() && v.expired.is_empty());
     }
@@ -280,13 +425,13 @@ mod tests {
             other_namespace,
         ] {
             for now in [Duration::ZERO, 100 * S] {
-                let view = o.update(now, &key(9), &other, &[(k.clone(), v.clone())]);
+                let view = o.update(now, &key(9), &other, &[(k.clone(), v.clone())], &none());
                 assert_eq!(view.foreign, vec![k.clone()]);
                 assert!(view.live.is_empty() && view.expired.is_empty());
             }
         }
         assert_eq!(
-            o.update(Duration::ZERO, &key(9), &scope(), &[(k, v)])
+            o.update(Duration::ZERO, &key(9), &scope(), &[(k, v)], &none())
                 .live
                 .len(),
             1

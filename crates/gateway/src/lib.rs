@@ -2,8 +2,9 @@
 //!
 //! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
 //! gateway of an image keeps a record in the image's metadata with its
-//! portals and its RADOS address, under a lease, naming the image it
-//! belongs to so that copies of the metadata are told apart (`lease.rs`).
+//! portals and its RADOS address, under a lease renewed by heartbeats in
+//! the image's barrier object, naming the image it belongs to so that
+//! copies of the metadata are told apart (`lease.rs`).
 //! It joins with a compare-and-set, so that two joins at once cannot both
 //! find an empty registry (`join.rs`). Every gateway answers
 //! `x-braid:portal` with the portals of every live gateway, so one URI
@@ -39,18 +40,22 @@
 
 #![cfg(feature = "rbd")]
 
+mod acks;
 mod barrier;
 mod cache;
 mod counters;
 mod fence;
 mod figures;
+mod hooks;
 mod join;
 pub mod lease;
+mod osdmap;
 mod rbd;
 mod resize;
 mod servable;
 mod size;
 mod volume;
+mod watching;
 mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +71,13 @@ pub use volume::RbdVolume;
 
 use braid_store::registry::{self, Registry};
 use braid_store::{export, source};
+
+/// How long a call to the monitors may take.
+const MON_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a barrier acknowledgement waits for the newest OSD map: less
+/// than the fencing gateway waits for it (`fence.rs`).
+const ACK_WAIT: Duration = Duration::from_secs(4);
 
 /// How `braid serve` reaches Ceph and behaves as a gateway.
 #[derive(Clone, Debug)]
@@ -88,6 +100,8 @@ pub(crate) struct Incarnation {
     pub addr: String,
     /// Its RADOS global id.
     pub gid: u64,
+    /// Its fetches of the newest OSD map, for barrier acknowledgements.
+    pub osdmap: Arc<osdmap::Fetcher>,
 }
 
 /// This process's RADOS client and the RBD images it serves.
@@ -106,6 +120,8 @@ pub struct Ceph {
     started: OnceLock<Started>,
     /// The origin of the lease clock.
     epoch: Instant,
+    /// Whether the monitors answer this process's OSD map fetches.
+    reach: Mutex<osdmap::Reach>,
 }
 
 #[derive(Debug)]
@@ -126,8 +142,19 @@ impl Ceph {
     /// says which.
     pub fn connect(mut opts: GatewayOptions) -> Result<Arc<Self>, String> {
         let cache = if opts.cache { "true" } else { "false" };
+        // Bounds on what waits for the monitors (a blocklist, a connect):
+        // a gateway cut off from them gives up and says so. Operations on
+        // the OSDs get none: librbd's writes share them, and a write must
+        // wait out a cluster-wide stall as a librbd client's would.
+        let mon = MON_TIMEOUT.as_secs().to_string();
         opts.connect.settings.extend(
-            [("rbd_cache", cache), ("admin_socket", "")].map(|(k, v)| (k.to_owned(), v.to_owned())),
+            [
+                ("rbd_cache", cache),
+                ("admin_socket", ""),
+                ("rados_mon_op_timeout", &mon),
+                ("client_mount_timeout", &mon),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
         );
         let inc = incarnation(&opts.connect)?;
         Ok(Arc::new(Self {
@@ -141,6 +168,7 @@ impl Ceph {
             volumes: Mutex::new(Vec::new()),
             started: OnceLock::new(),
             epoch: Instant::now(),
+            reach: Mutex::default(),
         }))
     }
 
@@ -296,6 +324,62 @@ impl Ceph {
         }
     }
 
+    /// For a barrier acknowledgement of incarnation `tag`: fetches the
+    /// newest OSD map, waiting at most [`ACK_WAIT`]. Fetches that keep
+    /// failing for a lease make the gateway stop serving, as if
+    /// blocklisted: it drains its connections and drops its barrier
+    /// watches, so fences of its images no longer wait for it, and rejoins
+    /// once the monitors answer.
+    pub(crate) fn fresh_osdmap(self: &Arc<Self>, tag: u64) -> Result<(), String> {
+        let inc = self.current();
+        if inc.tag != tag {
+            return Err("the watch belongs to an earlier RADOS client".into());
+        }
+        let began = self.clock();
+        let r = inc.osdmap.fresh(ACK_WAIT);
+        let mut reach = self.reach.lock().unwrap_or_else(|p| p.into_inner());
+        match &r {
+            Ok(()) => reach.answered(),
+            Err(e) => {
+                if reach.failed(began, self.clock(), self.lease()) {
+                    reach.answered();
+                    drop(reach);
+                    self.lost(
+                        tag,
+                        format!(
+                            "cut off from the monitors: no OSD map for {:?} ({e})",
+                            self.lease()
+                        ),
+                    );
+                }
+            }
+        }
+        r
+    }
+
+    /// Another gateway asks incarnation `tag` to drop connections `ids`
+    /// (`fence.rs`): closes those it issued and returns once every request
+    /// they had received has ended. Runs on a barrier thread, not the
+    /// runtime's.
+    pub(crate) fn drop_conns(&self, tag: u64, ids: &[ConnId]) {
+        let Some(started) = self.started.get() else {
+            return;
+        };
+        let mine: Vec<ConnId> = ids
+            .iter()
+            .copied()
+            .filter(|id| Registry::tag_of(*id) == tag && self.current().tag == tag)
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        info!(
+            connections = mine.len(),
+            "another gateway asks this one to drop connections a client fences: closing them"
+        );
+        started.runtime.block_on(started.registry.fence(&mine));
+    }
+
     /// Incarnation `tag` lost its cluster connection or was blocklisted:
     /// reconnect as a new one (once, however many report it).
     pub(crate) fn lost(self: &Arc<Self>, tag: u64, why: String) {
@@ -343,6 +427,15 @@ impl Ceph {
             }
         }
         info!(connections = cut, "old connections drained");
+        // Nothing of the old incarnation runs: its barrier watches go, so
+        // that no fence waits for a gateway that no longer writes.
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for vol in me.all() {
+                vol.unwatch();
+            }
+        })
+        .await;
         let mut delay = Duration::from_millis(200);
         loop {
             if self.stopping.load(Ordering::SeqCst) {
@@ -402,6 +495,8 @@ fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
     let cluster = Arc::new(Cluster::connect(opts).map_err(|e| e.to_string())?);
     let addr = cluster.addrs().map_err(|e| e.to_string())?;
     let gid = cluster.instance_id();
+    let fetching = cluster.clone();
+    let osdmap = osdmap::Fetcher::new(move || osdmap::latest(&fetching).map_err(|e| e.to_string()));
     let mut tag = uuid::Uuid::new_v4().as_u128() as u64;
     while tag == 0 {
         tag = uuid::Uuid::new_v4().as_u128() as u64;
@@ -411,15 +506,13 @@ fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
         tag,
         addr,
         gid,
+        osdmap,
     })
 }
 
 /// Renews `vol`'s record every third of the lease and fences expired
 /// records, until the process stops.
 async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
-    let Some(started) = ceph.started.get() else {
-        return;
-    };
     let period = ceph.lease() / 3;
     loop {
         tokio::time::sleep(period).await;
@@ -430,8 +523,8 @@ async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
             continue;
         }
         let tag = ceph.current().tag;
-        let (v, portals) = (vol.clone(), started.portals.clone());
-        match tokio::task::spawn_blocking(move || v.tick(&portals)).await {
+        let v = vol.clone();
+        match tokio::task::spawn_blocking(move || v.tick()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) if e.blocklisted() => ceph.lost(tag, format!("renewing the lease: {e}")),
             Ok(Err(e)) => warn!("{}: renewing this gateway's lease: {e}", vol.spec),

@@ -2,6 +2,7 @@
 //! kept in the image's gateway registry; other gateways' portals and
 //! fencing their connections (`Peers`).
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
@@ -33,9 +34,12 @@ pub struct RbdVolume {
     /// What this image's gateway records name (`lease::Scope`).
     pub(super) scope: lease::Scope,
     identity: Uuid,
-    handle: RwLock<Handle>,
+    pub(super) handle: RwLock<Handle>,
     lease: Mutex<LeaseState>,
     writes: Arc<Writes>,
+    /// The barrier watch lapsed and is being registered again
+    /// (`watching.rs`).
+    pub(super) rewatching: AtomicBool,
     /// For metrics and status (`figures.rs`).
     pub(crate) counters: super::counters::Counters,
 }
@@ -153,6 +157,7 @@ impl RbdVolume {
             }),
             lease: Mutex::new(LeaseState::default()),
             writes: Arc::default(),
+            rewatching: AtomicBool::new(false),
             counters: Default::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
@@ -246,40 +251,9 @@ impl RbdVolume {
         })
     }
 
-    /// Starts watching the barrier object (an image this gateway writes);
-    /// a broken watch makes the gateway reconnect.
-    pub(crate) fn watch_barrier(self: &Arc<Self>) -> Result<(), String> {
-        let io = self.ioctx();
-        let ceph = Arc::downgrade(&self.ceph);
-        let me = Arc::downgrade(self);
-        let tag = self.ceph.current().tag;
-        let changed = move || {
-            if let Some(vol) = me.upgrade() {
-                if let Err(e) = vol.look() {
-                    warn!("{}: reading the gateway registry: {e}", vol.spec);
-                }
-            }
-        };
-        let broken = move |err| {
-            if let Some(ceph) = ceph.upgrade() {
-                ceph.lost(
-                    tag,
-                    format!(
-                        "the watch on the barrier object broke ({})",
-                        std::io::Error::from_raw_os_error(err)
-                    ),
-                );
-            }
-        };
-        let timeout = self.ceph.watch_timeout();
-        let watch = super::barrier::watch(&io, &self.image_id, timeout, changed, broken)
-            .map_err(|e| format!("{}: watching the barrier object: {e}", self.spec))?;
-        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = Some(watch);
-        Ok(())
-    }
-
-    /// Writes (or renews) this incarnation's record.
-    pub(crate) fn renew(&self, portals: &[String]) -> braid_rbd::Result<()> {
+    /// Writes this incarnation's record in the image's metadata (when it
+    /// joins; `lease.rs`) and its first heartbeat.
+    pub(crate) fn record(&self, portals: &[String]) -> braid_rbd::Result<()> {
         let inc = self.ceph.current();
         let (key, entry) = {
             let mut l = self.lease();
@@ -300,17 +274,38 @@ impl RbdVolume {
             };
             (key, entry)
         };
-        self.counters
-            .renewal(|| self.image().metadata_set(&key, &entry.to_json()))?;
+        self.image().metadata_set(&key, &entry.to_json())?;
         self.lease().own = Some(key);
-        Ok(())
+        self.beat()
+    }
+
+    /// Renews this incarnation's lease: a heartbeat in the barrier
+    /// object's map, not a change of the image's metadata (`lease.rs`).
+    pub(crate) fn beat(&self) -> braid_rbd::Result<()> {
+        let (key, seq) = {
+            let mut l = self.lease();
+            l.seq += 1;
+            (lease::key(self.ceph.current().tag), l.seq)
+        };
+        let oid = super::barrier::object(&self.image_id);
+        self.counters.renewal(|| {
+            self.ioctx()
+                .omap_set(&oid, &key, seq.to_string().as_bytes())
+        })
+    }
+
+    /// Removes the record under `key` and its heartbeat.
+    pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
+        self.image().metadata_remove(key)?;
+        self.ioctx()
+            .omap_remove(&super::barrier::object(&self.image_id), key)
     }
 
     /// Takes this incarnation's record back (a join that met another).
     pub(crate) fn withdraw(&self) -> braid_rbd::Result<()> {
         let own = self.lease().own.take();
         match own {
-            Some(key) => self.image().metadata_remove(&key),
+            Some(key) => self.unrecord(&key),
             None => Ok(()),
         }
     }
@@ -321,11 +316,18 @@ impl RbdVolume {
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
         let image = self.image();
         let listed = image.metadata_list(lease::PREFIX)?;
+        // Read after the records: a record's first heartbeat is written
+        // after it, so a record listed is never judged without it.
+        let beats = lease::heartbeats(
+            &self
+                .ioctx()
+                .omap_list(&super::barrier::object(&self.image_id), lease::PREFIX)?,
+        );
         let own = lease::key(self.ceph.current().tag);
         let now = self.ceph.clock();
         let view = {
             let mut l = self.lease();
-            let view = l.observed.update(now, &own, &self.scope, &listed);
+            let view = l.observed.update(now, &own, &self.scope, &listed, &beats);
             l.live.clone_from(&view.live);
             view
         };
@@ -352,8 +354,8 @@ impl RbdVolume {
     }
 
     /// One lease period's work: renew, look, fence what expired.
-    pub(crate) fn tick(&self, portals: &[String]) -> braid_rbd::Result<()> {
-        self.renew(portals)?;
+    pub(crate) fn tick(&self) -> braid_rbd::Result<()> {
+        self.beat()?;
         let view = self.look()?;
         for e in view.expired {
             if !self.ceph.can_blocklist() {
@@ -403,12 +405,12 @@ impl RbdVolume {
         }
         let own = self.lease().own.take();
         if let Some(key) = own {
-            if let Err(e) = self.image().metadata_remove(&key) {
+            if let Err(e) = self.unrecord(&key) {
                 warn!("{}: removing this gateway's record: {e}", self.spec);
             }
             super::barrier::announce(&self.ioctx(), &self.image_id);
         }
-        self.handle.write().unwrap_or_else(|p| p.into_inner()).watch = None;
+        self.unwatch();
     }
 
     /// Counts a write in flight before it goes to librbd (and holds it
@@ -453,9 +455,11 @@ impl RbdVolume {
     /// Before a write: makes sure this gateway missed no barrier. Its
     /// barrier watch is confirmed by the OSD every few seconds; one not
     /// confirmed for half its timeout may have lapsed (a process stopped
-    /// for a while), and a barrier may have passed without it, so the
-    /// newest OSD map is fetched first; a watch known broken means the
-    /// gateway must reconnect, and the write is not made.
+    /// for a while, or the OSDs), and a barrier may have passed without
+    /// it, so the newest OSD map is fetched first, as it is while a watch
+    /// that broke is registered again; a watch broken because this client
+    /// was blocklisted means the gateway must reconnect, and the write is
+    /// not made.
     ///
     /// # Errors
     ///
@@ -466,14 +470,18 @@ impl RbdVolume {
         match seen {
             None => Ok(()),
             Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
-            Some(Ok(_)) => self.check(self.ceph.current().cluster.wait_for_latest_osdmap()),
-            Some(Err(e)) => {
+            Some(Ok(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
+            Some(Err(e)) if e.blocklisted() => {
                 self.ceph.lost(
                     self.ceph.current().tag,
                     format!("{}: the barrier watch broke: {e}", self.spec),
                 );
                 Err(std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))
             }
+            // Lapsed, not refused (the OSDs stalled): until it is watched
+            // again (`watching.rs`), every write fetches the newest map
+            // first, which is what a barrier would have made it do.
+            Some(Err(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
         }
     }
 

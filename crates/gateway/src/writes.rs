@@ -92,29 +92,16 @@ impl Drop for InFlight {
 /// is removed (at most two minutes): a write stuck inside a gateway, as a
 /// monitor that does not answer `before_write` would hold it.
 pub(crate) fn hold_for_tests() {
-    let Some(path) = held_path() else {
-        return;
-    };
-    tracing::warn!(path = %path.display(), "TEST HOOK: holding a write until the file is removed");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while path.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    super::hooks::hold(HOLD, "holding a write");
 }
 
 /// Whether [`hold_for_tests`] would hold a write now (then writes take the
 /// synchronous way, on a thread that may wait).
 pub(crate) fn holding_for_tests() -> bool {
-    held_path().is_some()
+    super::hooks::held(HOLD).is_some()
 }
 
-fn held_path() -> Option<std::path::PathBuf> {
-    if !braid_store::TEST_HOOKS {
-        return None;
-    }
-    let path = std::path::PathBuf::from(std::env::var_os("BRAID_TEST_HOLD_RBD_WRITES")?);
-    path.exists().then_some(path)
-}
+const HOLD: &str = "BRAID_TEST_HOLD_RBD_WRITES";
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Safe bindings to the parts of Ceph's librados and librbd that braid's
 //! RBD gateway uses: a cluster connection ([`Cluster`]), a pool
 //! ([`IoCtx`]), watches and notifications on an object, an object's
-//! attributes compared-and-set atomically, blocklisting, and an image
+//! attributes compared-and-set atomically and its key/value map, blocklisting, and an image
 //! ([`Image`]) with synchronous and asynchronous I/O, its metadata, its
 //! effective configuration, and a watcher of changes to it
 //! ([`UpdateWatch`]: a resize by another client).
@@ -23,6 +23,8 @@ mod error;
 mod image;
 #[cfg(feature = "librbd")]
 mod notify_reply;
+#[cfg(feature = "librbd")]
+mod omap;
 #[cfg(feature = "librbd")]
 mod rados;
 #[cfg(feature = "librbd")]

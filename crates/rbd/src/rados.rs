@@ -44,7 +44,7 @@ unsafe impl Send for Cluster {}
 // SAFETY: as above; every method takes &self and librados locks.
 unsafe impl Sync for Cluster {}
 
-fn cstring(s: &str, what: &str) -> Result<CString> {
+pub(crate) fn cstring(s: &str, what: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error {
         what: format!("{what} {s:?} contains a NUL byte"),
         errno: libc::EINVAL,
@@ -309,23 +309,41 @@ impl IoCtx {
     /// The OSDs refused.
     pub fn touch(&self, oid: &str) -> Result<()> {
         let o = cstring(oid, "object")?;
+        let r = self.write_op(&o, true, |_| {});
+        check(r.into(), || format!("creating object {oid}")).map(drop)
+    }
+
+    /// Runs one write operation on `oid`, atomically: a fresh operation
+    /// (that first creates the object if it does not exist, with
+    /// `create`), to which `fill` adds its steps, executed and released.
+    /// Returns librados' result. What `fill` hands librados is read during
+    /// this call only.
+    pub(crate) fn write_op(
+        &self,
+        oid: &CStr,
+        create: bool,
+        fill: impl FnOnce(sys::rados_write_op_t),
+    ) -> c_int {
         // SAFETY: a fresh write op, used once and released below.
         let op = unsafe { sys::rados_create_write_op() };
-        // SAFETY: op is valid; an idempotent create with no category.
-        unsafe {
-            sys::rados_write_op_create(
-                op,
-                sys::LIBRADOS_CREATE_IDEMPOTENT as c_int,
-                std::ptr::null(),
-            )
-        };
+        if create {
+            // SAFETY: op is valid; an idempotent create with no category.
+            unsafe {
+                sys::rados_write_op_create(
+                    op,
+                    sys::LIBRADOS_CREATE_IDEMPOTENT as c_int,
+                    std::ptr::null(),
+                )
+            };
+        }
+        fill(op);
         // SAFETY: op, ioctx and the NUL-terminated name are valid; no mtime.
         let r = unsafe {
-            sys::rados_write_op_operate(op, self.handle, o.as_ptr(), std::ptr::null_mut(), 0)
+            sys::rados_write_op_operate(op, self.handle, oid.as_ptr(), std::ptr::null_mut(), 0)
         };
         // SAFETY: op came from rados_create_write_op and is released once.
         unsafe { sys::rados_release_write_op(op) };
-        check(r.into(), || format!("creating object {oid}")).map(drop)
+        r
     }
 
     /// Watches `oid`: `on_notify` runs for each notification (on a

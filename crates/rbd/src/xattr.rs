@@ -2,18 +2,11 @@
 //! one operation: what makes a decision shared by several clients atomic
 //! (two of them that read the same value cannot both replace it).
 
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::c_char;
 
 use crate::error::{check, Error, Result};
-use crate::rados::IoCtx;
+use crate::rados::{cstring, IoCtx};
 use crate::sys;
-
-fn cstring(s: &str, what: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error {
-        what: format!("{what} {s:?} contains a NUL byte"),
-        errno: libc::EINVAL,
-    })
-}
 
 impl IoCtx {
     /// The value of attribute `name` of object `oid`; empty when the
@@ -70,28 +63,20 @@ impl IoCtx {
         new: &[u8],
     ) -> Result<bool> {
         let (o, n) = (cstring(oid, "object")?, cstring(name, "attribute")?);
-        // SAFETY: a fresh write op, used once and released below.
-        let op = unsafe { sys::rados_create_write_op() };
-        // SAFETY: op is valid; the strings and slices outlive the
-        // operate call below, which is when librados reads them.
-        let r = unsafe {
-            sys::rados_write_op_create(
-                op,
-                sys::LIBRADOS_CREATE_IDEMPOTENT as c_int,
-                std::ptr::null(),
-            );
-            sys::rados_write_op_cmpxattr(
-                op,
-                n.as_ptr(),
-                sys::LIBRADOS_CMPXATTR_OP_EQ as u8,
-                expected.as_ptr().cast(),
-                expected.len(),
-            );
-            sys::rados_write_op_setxattr(op, n.as_ptr(), new.as_ptr().cast(), new.len());
-            sys::rados_write_op_operate(op, self.raw(), o.as_ptr(), std::ptr::null_mut(), 0)
-        };
-        // SAFETY: op came from rados_create_write_op and is released once.
-        unsafe { sys::rados_release_write_op(op) };
+        let r = self.write_op(&o, true, |op| {
+            // SAFETY: op is valid; the strings and slices outlive the
+            // write_op call, which is when librados reads them.
+            unsafe {
+                sys::rados_write_op_cmpxattr(
+                    op,
+                    n.as_ptr(),
+                    sys::LIBRADOS_CMPXATTR_OP_EQ as u8,
+                    expected.as_ptr().cast(),
+                    expected.len(),
+                );
+                sys::rados_write_op_setxattr(op, n.as_ptr(), new.as_ptr().cast(), new.len());
+            }
+        });
         // A comparison that fails cancels the whole operation.
         if r == -libc::ECANCELED {
             return Ok(false);

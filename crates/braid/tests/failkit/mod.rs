@@ -104,6 +104,20 @@ pub fn block_data(block: u64, version: u64, bs: usize) -> Bytes {
     Bytes::from(v)
 }
 
+/// Asserts that `data` (a volume's bytes, read some other way) holds at
+/// each block of `acked` the version acknowledged last; `whence` says
+/// where `data` was read.
+pub fn assert_holds(data: &[u8], acked: &[(u64, u64)], bs: usize, whence: &str) {
+    for &(block, version) in acked {
+        let at = block as usize * bs;
+        assert_eq!(
+            &data[at..at + bs],
+            &block_data(block, version, bs)[..],
+            "block {block} {whence}"
+        );
+    }
+}
+
 /// How the workload runs.
 #[derive(Clone, Debug)]
 pub struct Workload {
