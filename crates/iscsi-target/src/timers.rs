@@ -202,6 +202,15 @@ mod tests {
     const S: Duration = Duration::from_secs(1);
     const A: Taking = Taking::All;
 
+    /// Pings after 15 s, dead 15 s later.
+    fn every_15_s() -> Timers {
+        Timers {
+            nop_in_interval: Some(15 * S),
+            nop_in_timeout: 15 * S,
+            ..Timers::default()
+        }
+    }
+
     #[test]
     fn a_write_is_overdue_once_its_data_stops_for_the_timeout() {
         let t0 = Instant::now();
@@ -223,11 +232,7 @@ mod tests {
     #[test]
     fn a_quiet_initiator_is_pinged_then_dead_unless_it_answers() {
         let t0 = Instant::now();
-        let timers = Timers {
-            nop_in_interval: Some(15 * S),
-            nop_in_timeout: 15 * S,
-            ..Timers::default()
-        };
+        let timers = every_15_s();
         let mut l = Liveness::new(&timers, t0);
         assert_eq!(l.next(A), Some(t0 + 15 * S));
         assert_eq!(l.tick(t0 + 14 * S, A), Tick::Wait);
@@ -268,11 +273,7 @@ mod tests {
     #[test]
     fn talk_without_reading_is_not_life() {
         let t0 = Instant::now();
-        let timers = Timers {
-            nop_in_interval: Some(15 * S),
-            nop_in_timeout: 15 * S,
-            ..Timers::default()
-        };
+        let timers = every_15_s();
         let stuck = Taking::Since(t0);
         let mut l = Liveness::new(&timers, t0);
         l.heard(t0 + 10 * S, stuck);
@@ -293,11 +294,7 @@ mod tests {
     #[test]
     fn a_slow_reader_is_given_time_while_it_takes_bytes() {
         let t0 = Instant::now();
-        let timers = Timers {
-            nop_in_interval: Some(15 * S),
-            nop_in_timeout: 15 * S,
-            ..Timers::default()
-        };
+        let timers = every_15_s();
         let mut l = Liveness::new(&timers, t0);
         assert!(matches!(
             l.tick(t0 + 15 * S, Taking::Since(t0)),

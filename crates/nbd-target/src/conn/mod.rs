@@ -139,16 +139,23 @@ async fn run(
     ctx: &ConnCtx,
 ) -> Result<(), ConnError> {
     let timeout = ctx.limits.handshake_timeout;
-    let handshake = tokio::time::timeout(timeout, handshake(stream, conn, peer, ctx));
+    // The client's time to finish the handshake; a fence it asks for
+    // stops this clock while the server works on it (see `handshake`).
+    let (deadline, mut due) = watch::channel(tokio::time::Instant::now() + timeout);
+    let handshake = handshake(stream, conn, peer, ctx, &deadline);
+    tokio::pin!(handshake);
     let mut stop = ctx.shutdown.clone();
-    let done = tokio::select! {
-        done = handshake => done,
-        // A stopping server has nothing to offer a client still choosing.
-        _ = stop.wait_for(|s| *s) => return Ok(()),
+    let done = loop {
+        let at = *due.borrow_and_update();
+        tokio::select! {
+            done = &mut handshake => break done,
+            () = tokio::time::sleep_until(at) => return Err(ConnError::HandshakeTimeout(timeout)),
+            _ = due.changed() => {}
+            // A stopping server has nothing to offer a client still choosing.
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
     };
-    let Some((session, leftover, stream)) =
-        done.map_err(|_| ConnError::HandshakeTimeout(timeout))??
-    else {
+    let Some((session, leftover, stream)) = done? else {
         return Ok(());
     };
     let Some(export) = ctx.exports.find(&session.export.name).cloned() else {
@@ -176,6 +183,7 @@ async fn handshake(
     conn: &Conn,
     peer: Option<std::net::IpAddr>,
     ctx: &ConnCtx,
+    deadline: &watch::Sender<tokio::time::Instant>,
 ) -> Result<Negotiated, ConnError> {
     let mut hs = ServerHandshake::new(ServerConfig {
         conn_id: conn.id,
@@ -231,6 +239,13 @@ async fn handshake(
             } => {
                 let named: Vec<String> = ids.iter().map(ToString::to_string).collect();
                 info!(?named, %export, "fence requested");
+                // The client waits on the server here, which may take
+                // longer than the handshake's timeout (a stalled Ceph
+                // gateway is asked first, then blocklisted, then every
+                // live one must have the map): its clock stops meanwhile.
+                let fencing = std::time::Instant::now();
+                let paused = *deadline.borrow();
+                deadline.send_replace(tokio::time::Instant::now() + Duration::from_secs(1 << 30));
                 let fenced = match ctx.registry.fence_scoped(&ids, &export, session).await {
                     // Ids this server does not know may be another
                     // server's, for an export served by several (Ceph
@@ -244,6 +259,7 @@ async fn handshake(
                     },
                     Err(why) => Err(why),
                 };
+                deadline.send_replace(paused + fencing.elapsed());
                 match fenced {
                     Ok(()) => {
                         info!(?named, "fence complete");
