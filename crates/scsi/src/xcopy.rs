@@ -314,7 +314,7 @@ pub struct Status {
 
 /// The results of copies that ended, by I_T nexus and list identifier
 /// (SPC-4 holds them per nexus): the latest of each, at most
-/// [`MAX_HELD`] per unit.
+/// 256 per unit (`MAX_HELD`).
 #[derive(Debug, Default)]
 pub struct Results(std::sync::Mutex<std::collections::VecDeque<(NexusName, u8, Status)>>);
 
