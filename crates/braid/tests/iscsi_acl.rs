@@ -176,6 +176,10 @@ fn a_login_claiming_another_hosts_name_cannot_end_its_session() {
         a.conn.logout(t).await;
     });
     serve.assert_healthy();
+    // The refusal reaches the initiator before the target logs it.
+    common::wait_until(Duration::from_secs(10), || {
+        serve.log().contains("is not in this target's access list")
+    });
     let log = serve.log();
     assert!(log.contains("iSCSI access list: 2 initiators; initiators not listed refused; discovery with its own CHAP credential"), "{log}");
     assert!(log.contains("is not in this target's access list"), "{log}");
