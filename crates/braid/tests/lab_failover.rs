@@ -6,7 +6,13 @@
 //! Timing checks follow the promises (failover within 1 s,
 //! failback within 2 s); the measured times are printed. These tests run
 //! one at a time so that they do not steal each other's CPU.
+//!
+//! The same cuts under a load through `braid attach`'s socket (libnbd's
+//! client, writes of 128 KiB to 1 MiB on four connections with FLUSH and
+//! FUA), as the kernel and qemu reach the volume: no error, every
+//! acknowledged block read back byte for byte, each path back in use.
 
+mod attachload;
 mod common;
 mod failkit;
 mod labkit;
@@ -23,7 +29,7 @@ use braid_store::portal::Portal;
 use braid_store::registry::Registry;
 use braid_store::{Export, Exports, Limits};
 use failkit::{block_data, Workload};
-use labkit::LabServe;
+use labkit::{Attach, LabServe};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -131,6 +137,20 @@ fn silent_blackhole_for_three_seconds_costs_no_io_error() {
     if braid_lab::require_or_skip("silent_blackhole_for_three_seconds_costs_no_io_error") {
         cut_and_restore(Cut::Blackhole);
     }
+}
+
+/// Path 1 link down, path 2 a blackhole, under a load through `braid
+/// attach`'s socket (`attachload::cut_each_path`).
+#[needs("root", "ip", "tc", "nbdsh")]
+fn through_the_attach_socket_link_down_and_blackhole_cost_no_io_error() {
+    if !braid_lab::require_or_skip("through_the_attach_socket_link_down_and_blackhole") {
+        return;
+    }
+    let _one = serial();
+    let lab = Lab::up(LabConfig::new([Rate::GBIT, Rate::GBIT])).unwrap();
+    let (_serve, uri) = serve_all_paths(&lab);
+    let attach = Attach::start(Some(&lab), &uri, "vol", &[]);
+    attachload::cut_each_path(&lab, &attach, (64 << 20) / 4096);
 }
 
 /// Every path cut at 1.5 s for `outage`, with the given no-path timeout.

@@ -11,7 +11,11 @@
 //! LOGICAL UNIT RESET (the default for tgt); against braid's target by persistent reservation
 //! (`--persistent-reservations`): there the failed sessions' keys must have
 //! been preempted, and closing the volume must leave no key registered.
+//!
+//! The same links cut under a load through `braid attach`'s socket, as the
+//! kernel and qemu reach an iSCSI volume (`attachload::cut_each_path`).
 
+mod attachload;
 mod common;
 mod failkit;
 mod iscsikit;
@@ -234,5 +238,30 @@ fn every_fault_over_iscsi_to_braids_target_costs_no_acknowledged_write() {
 fn every_fault_over_iscsi_to_tgt_costs_no_acknowledged_write() {
     if braid_lab::require_or_skip("every_fault_over_iscsi_to_tgt") {
         every_fault_over(Kind::Tgt);
+    }
+}
+
+/// Link down and blackhole under a load through `braid attach` of the
+/// iSCSI volume.
+fn through_the_attach_socket(kind: Kind) {
+    let lab = Lab::up(LabConfig::new([Rate::GBIT, Rate::GBIT])).unwrap();
+    let target = Target::start(&lab, kind, 3260);
+    let portals = target.portal_args();
+    let args: Vec<&str> = portals.iter().map(String::as_str).collect();
+    let attach = labkit::Attach::start(Some(&lab), &target.uri(), "vol", &args);
+    attachload::cut_each_path(&lab, &attach, iscsilab::SIZE / 4096);
+}
+
+#[needs("root", "ip", "tc", "nbdsh")]
+fn through_the_attach_socket_cuts_over_iscsi_to_braids_target_cost_no_io_error() {
+    if braid_lab::require_or_skip("through_the_attach_socket_cuts_over_iscsi_to_braids_target") {
+        through_the_attach_socket(Kind::Braid);
+    }
+}
+
+#[needs("root", "ip", "tc", "tgtd", "nbdsh")]
+fn through_the_attach_socket_cuts_over_iscsi_to_tgt_cost_no_io_error() {
+    if braid_lab::require_or_skip("through_the_attach_socket_cuts_over_iscsi_to_tgt") {
+        through_the_attach_socket(Kind::Tgt);
     }
 }

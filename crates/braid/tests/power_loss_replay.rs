@@ -13,10 +13,17 @@
 //! between the pieces of some write almost every time: the old server
 //! acknowledged some of them, the new one never saw them.
 //!
+//! The same through `braid attach`'s socket, as the kernel and hypervisors
+//! reach the volume: four connections of 128 KiB to 1 MiB writes with no
+//! FLUSH at all (VMware's shape: only the replay window keeps them), then
+//! with FLUSH and FUA (a kernel's writeback), the host cut under each.
+//!
 //! Mounting needs root.
 
+mod attachload;
 mod common;
 mod crashkit;
+mod labkit;
 
 use braid_test_needs::needs;
 
@@ -28,7 +35,7 @@ use std::time::Duration;
 use braid_initiator::Volume;
 use braid_powercut::PowerCut;
 use bytes::{Bytes, BytesMut};
-use common::free_port;
+use common::{free_port, nbdsh};
 use crashkit::{block_data, decode_sector, power_cut, BLOCK, SECTOR, WAIT};
 use rand::{Rng, SeedableRng};
 
@@ -94,6 +101,85 @@ async fn bounded(run: impl std::future::Future<Output = ()>) {
     tokio::time::timeout(WHOLE_TEST, run)
         .await
         .expect("power-loss replay test bounded in time");
+}
+
+/// Through `braid attach` (two portals, so two paths), three cuts under
+/// each shape; the attach process stays up across them all. The volume's
+/// file is then cut once more keeping nothing dirty and read directly.
+#[needs("root", "nbdsh")]
+fn through_the_attach_socket_nothing_acknowledged_is_lost_across_power_cuts() {
+    const VOLUME: u64 = 8192;
+    let dir = tempfile::tempdir().expect("temporary dir");
+    let at = dir.path().join("mnt");
+    std::fs::create_dir(&at).expect("mount point");
+    let pc =
+        PowerCut::mount(&at, "disk.img", VOLUME * BLOCK as u64).expect("mounting braid-powercut");
+    let (state, control) = (dir.path().join("state"), dir.path().join("ctl.sock"));
+    let listens = [
+        format!("--listen=127.0.0.1:{}", free_port()),
+        format!("--listen=127.0.0.2:{}", free_port()),
+    ];
+    let start = || crashkit::start(pc.file(), &state, &control, &[&listens[0], &listens[1]]);
+    let seed = crashkit::seed("through attach");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut serve = start();
+    // Long enough to ride out every restart: no request may fail.
+    let attach =
+        labkit::Attach::start(None, &serve.uri("vol"), "vol", &["--no-path-timeout", "60"]);
+    let shapes = [
+        (
+            "no FLUSH, four connections",
+            attachload::Shape {
+                conns: 4,
+                sizes: attachload::WRITEBACK,
+                flush_every: 0,
+                fua: false,
+            },
+        ),
+        (
+            "FLUSH and FUA, two connections",
+            attachload::Shape {
+                conns: 2,
+                sizes: attachload::WRITEBACK,
+                flush_every: 8,
+                fua: true,
+            },
+        ),
+    ];
+    let mut acked = attachload::Acked::new();
+    let mut lost = 0;
+    for (n, (name, shape)) in shapes.iter().enumerate() {
+        let base = (n as u64) << 32;
+        let load = attachload::Load::start(&attach.uri(), VOLUME, shape, rng.gen(), &acked, base);
+        for cut in 1..=3 {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(300..700)));
+            let c = power_cut(&mut serve, &pc, 0.5, rng.gen());
+            eprintln!(
+                "{name}, cut {cut}: {} dirty sectors lost, {} kept",
+                c.lost, c.kept
+            );
+            lost += c.lost;
+            drop(serve);
+            serve = start();
+        }
+        // Some load on the last server too, past its replay.
+        std::thread::sleep(Duration::from_millis(500));
+        acked.extend(load.finish());
+    }
+    assert!(lost > 0, "no cut dropped anything: nothing to replay");
+    let status = attach.status();
+    assert!(
+        status["replays"].as_u64() >= Some(6),
+        "every restart was replayed: {status}\n{}",
+        attach.log()
+    );
+    nbdsh(&format!(
+        "h.connect_uri({:?})\nh.flush()\nh.shutdown()\n",
+        attach.uri()
+    ));
+    let cut = power_cut(&mut serve, &pc, 0.0, 0);
+    eprintln!("last cut: {} dirty sectors lost", cut.lost);
+    attachload::check(&pc.file().display().to_string(), &acked, VOLUME);
 }
 
 /// The last version of each block acknowledged (0: zeroes).

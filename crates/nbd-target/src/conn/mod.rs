@@ -27,7 +27,7 @@ use braid_proto::{
 };
 use bytes::{Buf as _, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
 use crate::export::{Export, Exports};
@@ -431,26 +431,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         let units = (req.length as usize).div_ceil(UNIT).min(r.max_bytes_units);
         let moves_data = matches!(req.command, Command::Read | Command::Write);
-        let req_permit = r
-            .requests
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("never closed");
+        let req_permit = take(&r.requests, 1).await;
         let (byte_permit, global_permit) = if moves_data && units > 0 {
-            let conn = r
-                .bytes
-                .clone()
-                .acquire_many_owned(units as u32)
-                .await
-                .expect("never closed");
+            let conn = take(&r.bytes, units as u32).await;
             // The server-wide budget bounds memory across connections too.
-            let global = r
-                .global
-                .clone()
-                .acquire_many_owned((units as u32).min(r.global_units))
-                .await
-                .expect("never closed");
+            let global = take(&r.global, (units as u32).min(r.global_units)).await;
             (Some(conn), Some(global))
         } else {
             (None, None)
@@ -469,6 +454,20 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 _global: global_permit,
             },
         );
+    }
+}
+
+/// `n` permits of `sem`: taken at once when they are free, as they are
+/// under any load short of the limits, without the future and waiter
+/// queue of a wait; otherwise waited for in turn.
+async fn take(sem: &Arc<Semaphore>, n: u32) -> OwnedSemaphorePermit {
+    match sem.clone().try_acquire_many_owned(n) {
+        Ok(permit) => permit,
+        Err(_) => sem
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .expect("never closed"),
     }
 }
 
