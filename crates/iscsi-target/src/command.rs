@@ -36,7 +36,7 @@ use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
 use super::timers::Awaited;
 use super::unit::{self, Outcome};
-use super::{media, unitwide, xcopy};
+use super::{media, unitshared, unitwide, xcopy};
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -472,6 +472,11 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     let (export, wce) = (&lun.served.export, lun.served.lu.write_cache.on());
     let medium = unit::medium(export, wce);
     let groups = || lun.shared.ports.groups();
+    if matches!(cmd, Command::PersistentReserveIn { .. }) {
+        if let Err(answer) = unitshared::fresh(&lun.served.lu).await {
+            return ctl.answer().then_some(answer);
+        }
+    }
     let outcome = match dispatch::decide(
         &lun.served.lu,
         &lun.nexus.name,

@@ -24,6 +24,7 @@ mod textreq;
 mod timers;
 mod tmf;
 mod unit;
+mod unitshared;
 mod unitwide;
 mod xcopy;
 
@@ -322,10 +323,13 @@ impl IscsiServer {
                 let (cache, origin) = cache::WriteCache::load(kept("write-cache"), on)?;
                 let name = target_name(&cfg.iqn_prefix, &e.name);
                 log_write_cache(&name, cache.on(), origin);
+                let shared = e.peers.as_ref().and_then(|p| p.reservations());
+                let lu = Arc::new(lu::LogicalUnit::new(kept("reservations"), cache, shared)?);
+                unitshared::subscribe(&lu);
                 Ok(Arc::new(Served {
                     name,
                     export: e.clone(),
-                    lu: Arc::new(lu::LogicalUnit::new(kept("reservations"), cache)?),
+                    lu,
                 }))
             })
             .collect::<io::Result<_>>()?;

@@ -11,6 +11,7 @@
 //! `reserve/file.rs`'s).
 
 mod file;
+mod shared;
 
 use super::cdb::Command;
 use super::sense::{Key, Sense};
