@@ -15,9 +15,16 @@
 //! not acknowledge in time is blocklisted and the OSD map barrier passed,
 //! as a fence does (`fence.rs`), before the command is answered: after
 //! GOOD no gateway still checks commands against the old state, or it can
-//! no longer write. A gateway whose watch broke reads the state again once
-//! it is registered again (a change it missed in between was answered
-//! only after it was waited for or fenced).
+//! no longer write.
+//!
+//! What may be stale, and for how long: a gateway whose watch the OSD
+//! dropped (it was not heard from for the watch timeout, `osd client watch
+//! timeout`, 30 s by default) is not waited for, as it no longer watches;
+//! until librados tells it its watch broke and it has registered the
+//! watch again and read the state (at once, then a second apart while that
+//! fails), its copy may miss changes made in between. The notifying
+//! gateway logs each such gateway. A gateway that starts watches the
+//! object before it reads the state, so no change falls between.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -40,8 +47,8 @@ const MESSAGE: &[u8] = b"braid reservations v1\n";
 /// blocklisted.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How many times a broken watch is registered again (a second apart)
-/// before the gateway gives up and says so.
+/// How many times a broken watch is registered again (at once, then a
+/// second apart) before the gateway gives up and says so.
 const REWATCH_TRIES: u32 = 600;
 
 /// The object that holds image `id`'s reservations.
@@ -150,6 +157,19 @@ fn announce(inner: &Inner, message: &[u8]) -> Result<(), String> {
     let outcome = io
         .notify(&inner.oid, &data, ASK_TIMEOUT)
         .map_err(|e| format!("telling the other gateways of a reservation change: {e}"))?;
+    let heard = |gid: u64| {
+        outcome.acked.iter().any(|&(g, _)| g == gid)
+            || outcome.timed_out.iter().any(|&(g, _)| g == gid)
+    };
+    for e in vol.live().iter().filter(|e| !heard(e.gid)) {
+        warn!(
+            gateway = %e.addr,
+            host = %e.host,
+            pid = e.pid,
+            "a gateway alive by its lease does not watch the reservations now (its watch \
+             lapsed): it reads them again once its watch is registered again"
+        );
+    }
     for (gid, _) in outcome.timed_out.into_iter().filter(|&(g, _)| g != me) {
         let Some(entry) = vol.live().into_iter().find(|e| e.gid == gid) else {
             return Err(format!(
@@ -244,8 +264,10 @@ fn rewatch_later(inner: Weak<Inner>) {
     let spawned = std::thread::Builder::new()
         .name("braid-reservations-watch".into())
         .spawn(move || {
-            for _ in 0..REWATCH_TRIES {
-                std::thread::sleep(Duration::from_secs(1));
+            for i in 0..REWATCH_TRIES {
+                if i > 0 {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
                 let Some(inner) = inner.upgrade() else {
                     return;
                 };

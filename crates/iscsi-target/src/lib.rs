@@ -311,7 +311,7 @@ impl IscsiServer {
             .iter()
             .filter_map(|l| l.local_addr().ok())
             .collect();
-        let targets = exports
+        let targets: Vec<Arc<Served>> = exports
             .iter()
             .map(|e| {
                 let kept = |what: &str| {
@@ -325,7 +325,6 @@ impl IscsiServer {
                 log_write_cache(&name, cache.on(), origin);
                 let shared = e.peers.as_ref().and_then(|p| p.reservations());
                 let lu = Arc::new(lu::LogicalUnit::new(kept("reservations"), cache, shared)?);
-                unitshared::subscribe(&lu);
                 Ok(Arc::new(Served {
                     name,
                     export: e.clone(),
@@ -333,6 +332,9 @@ impl IscsiServer {
                 }))
             })
             .collect::<io::Result<_>>()?;
+        for t in &targets {
+            unitshared::start(&t.lu).await?;
+        }
         Ok(Self {
             listeners,
             shared: Arc::new(Shared {

@@ -44,8 +44,9 @@ impl std::ops::Deref for LogicalUnit {
 }
 
 impl LogicalUnit {
-    /// A unit whose reservations are kept in `shared` or else in `saved`
-    /// (and read from it now), or only in memory, with `write_cache`.
+    /// A unit whose reservations are kept in `shared` (read by
+    /// `unitshared::start`) or else in `saved` (and read from it now), or
+    /// only in memory, with `write_cache`.
     ///
     /// # Errors
     ///
@@ -56,9 +57,8 @@ impl LogicalUnit {
         shared: Option<Arc<dyn SharedState>>,
     ) -> std::io::Result<Self> {
         let reservations = match (&shared, &saved) {
-            (Some(s), _) => read(s.as_ref())
-                .map_err(|e| std::io::Error::other(format!("the shared reservations: {e}")))?,
-            (None, None) => Reservations::default(),
+            // Read once the unit watches them (`unitshared::start`).
+            (Some(_), _) | (None, None) => Reservations::default(),
             (None, Some(p)) => match std::fs::read_to_string(p) {
                 Ok(text) => Reservations::load(&text).map_err(|e| {
                     std::io::Error::new(

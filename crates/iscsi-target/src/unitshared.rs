@@ -34,10 +34,15 @@ const ABORTED_COMMAND: Sense = Sense::new(Key::AbortedCommand, 0x00, 0x00);
 /// server changed the state first.
 const MOST_DECISIONS: usize = 16;
 
-/// Has `lu` act on the changes other servers announce.
-pub(crate) fn subscribe(lu: &Arc<LogicalUnit>) {
-    let Some(shared) = &lu.shared else {
-        return;
+/// Has `lu` act on the changes other servers announce, then reads the
+/// state: in this order, so that no change falls between the two.
+///
+/// # Errors
+///
+/// The state could not be read.
+pub(crate) async fn start(lu: &Arc<LogicalUnit>) -> std::io::Result<()> {
+    let Some(shared) = lu.shared.clone() else {
+        return Ok(());
     };
     let unit = Arc::downgrade(lu);
     shared.subscribe(Arc::new(move |text| {
@@ -49,6 +54,12 @@ pub(crate) fn subscribe(lu: &Arc<LogicalUnit>) {
             }
         })
     }));
+    let _one = lu.deciding.lock().await;
+    let r = blocking(move || read(shared.as_ref()))
+        .await
+        .map_err(|e| std::io::Error::other(format!("the shared reservations: {e}")))?;
+    *lu.reservations() = r;
+    Ok(())
 }
 
 /// Another server changed the state (`text`: what that does here; empty
