@@ -10,7 +10,8 @@
 //! preempted initiator's tasks on the other gateway have ended (a write
 //! held inside it lands before GOOD, never after a newer one), or once
 //! that gateway, stalled, was blocklisted (its queued write then never
-//! lands).
+//! lands). RESERVE (6) and RELEASE (6) are the image's too, and a RESERVE
+//! ends with its session whichever gateway the next command goes through.
 
 #![cfg(feature = "rbd")]
 
@@ -220,4 +221,54 @@ fn preempt_and_abort_blocklists_a_stalled_gateway_before_good() {
         "the stalled gateway's write landed"
     );
     assert_eq!(&img.export()[8 * 512..9 * 512], [0xbb; 512], "rbd export");
+}
+
+#[needs("ceph-mon")]
+fn reserve_and_release_six_through_one_gateway_hold_on_the_other() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("prsix", "16M", Some("layering"));
+    let (p1, p2) = (common::free_port(), common::free_port());
+    let (_g1, at1) = gateway(c, &img, p1);
+    let (_g2, at2) = gateway(c, &img, p2);
+    let (reserve, release) = ([0x16, 0, 0, 0, 0, 0], [0x17, 0, 0, 0, 0, 0]);
+    let mut a = Initiator::login_as(at1, TARGET, &who(NODE_A, 1));
+    let mut b = Initiator::login_as(at2, TARGET, &who(NODE_B, 1));
+    assert_eq!(
+        a.exec(&reserve, &[], 0).status,
+        GOOD,
+        "a reserves through gateway 1"
+    );
+    let w = b.exec(&iscsikit::write10_cdb(4, 1), &[0xb; 512], 0);
+    assert_eq!(
+        w.status, RESERVATION_CONFLICT,
+        "b writes through gateway 2: {w:?}"
+    );
+    let r = b.exec(&reserve, &[], 0);
+    assert_eq!(
+        r.status, RESERVATION_CONFLICT,
+        "b reserves through gateway 2: {r:?}"
+    );
+    assert_eq!(a.exec(&release, &[], 0).status, GOOD);
+    b.write10(4, &[0xb; 512]);
+
+    // b's RESERVE ends with b's session: a may then reserve, through
+    // the other gateway.
+    assert_eq!(b.exec(&reserve, &[], 0).status, GOOD);
+    let r = a.exec(&reserve, &[], 0);
+    assert_eq!(r.status, RESERVATION_CONFLICT, "b holds it: {r:?}");
+    assert_eq!(b.logout(), 0);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = a.exec(&reserve, &[], 0);
+        if r.status == GOOD {
+            break;
+        }
+        assert!(
+            r.status == RESERVATION_CONFLICT && Instant::now() < deadline,
+            "a's RESERVE after b's session ended: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(a.read10(4, 1), [0xb; 512]);
 }

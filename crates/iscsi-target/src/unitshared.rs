@@ -6,8 +6,10 @@
 //! changed the state in between (else it is decided again on the new
 //! one). Then every other server is told what the change does to its
 //! nexuses (tasks to end, unit attentions) and reads the state again; the
-//! command is answered once each has done so, or was fenced. PERSISTENT
-//! RESERVE IN reads the state before it answers.
+//! command is answered once each has done so, or was fenced. RESERVE (6)
+//! and RELEASE (6) go the same way, and so does the end of a RESERVE
+//! (6) with its nexus or a reset of the unit. PERSISTENT RESERVE IN reads
+//! the state before it answers.
 //!
 //! Every other command is checked against this server's copy, which is
 //! the stored state as of the last change this server made or was told
@@ -21,7 +23,7 @@ use std::sync::Arc;
 
 use braid_scsi::dispatch::{reserve_out, Outcome};
 use braid_scsi::reserve::Effects;
-use braid_scsi::{Command, Key, Sense};
+use braid_scsi::{Command, Key, NexusName, Refusal, Reservations, Sense};
 use braid_store::shared::SharedState;
 use tracing::warn;
 
@@ -112,13 +114,82 @@ pub(crate) async fn decide_and_store(
     cmd: Command,
     params: &[u8],
 ) -> Result<Effects, Outcome> {
+    change(lu, shared, |current| {
+        reserve_out(current, &nexus.name, cmd, params)
+    })
+    .await
+}
+
+/// RESERVE (6)/(10) or RELEASE (6)/(10) from `name` on the shared state,
+/// as [`decide_and_store`] does.
+pub(crate) async fn reserve_or_release(
+    lu: &LogicalUnit,
+    shared: &Arc<dyn SharedState>,
+    name: &NexusName,
+    cmd: Command,
+) -> Outcome {
+    let decided = change(lu, shared, |current| {
+        legacy(current, |next| match cmd {
+            Command::Reserve => next.reserve(name),
+            _ => next.release(name),
+        })
+    })
+    .await;
+    match decided {
+        Ok(_) => Outcome::Good(Vec::new()),
+        Err(answer) => answer,
+    }
+}
+
+/// `name`'s nexus ended (`None`: the unit was reset): a RESERVE (6) it
+/// held ends on every server too. Nothing to do for a unit of its own.
+pub(crate) async fn nexus_lost(lu: &LogicalUnit, name: Option<&NexusName>) {
+    let Some(shared) = lu.shared.clone() else {
+        return;
+    };
+    let ended = change(lu, &shared, |current| {
+        legacy(current, |next| {
+            next.nexus_lost(name);
+            Ok(())
+        })
+    })
+    .await;
+    if ended.is_err() {
+        warn!("a RESERVE (6) that ended here may still be held in the shared reservations");
+    }
+}
+
+/// `current` changed by `f` (a RESERVE (6) taken or given up), which
+/// tells no nexus anything.
+fn legacy(
+    current: &Reservations,
+    f: impl FnOnce(&mut Reservations) -> Result<(), Refusal>,
+) -> Result<(Reservations, Effects), Outcome> {
+    let mut next = current.clone();
+    f(&mut next)?;
+    let changed = next != *current;
+    let fx = Effects {
+        changed,
+        ..Effects::default()
+    };
+    Ok((next, fx))
+}
+
+/// Decides with `decide` on the shared state as it is, stores the result
+/// if it changed and no other server changed the state first (else
+/// decides again), then tells every other server.
+async fn change(
+    lu: &LogicalUnit,
+    shared: &Arc<dyn SharedState>,
+    decide: impl Fn(&Reservations) -> Result<(Reservations, Effects), Outcome>,
+) -> Result<Effects, Outcome> {
     for _ in 0..MOST_DECISIONS {
         let fx = {
             let _one = lu.deciding.lock().await;
             let s = shared.clone();
             let seen = blocking(move || s.load()).await.map_err(failed)?;
             let current = parse(&seen).map_err(failed)?;
-            match reserve_out(&current, &nexus.name, cmd, params) {
+            match decide(&current) {
                 Ok((next, fx)) if fx.changed => {
                     let (s, new) = (shared.clone(), next.to_shared().into_bytes());
                     if !blocking(move || s.replace(&seen, &new))
@@ -144,7 +215,7 @@ pub(crate) async fn decide_and_store(
             .map_err(failed)?;
         return Ok(fx);
     }
-    warn!("PERSISTENT RESERVE OUT decided {MOST_DECISIONS} times while other gateways changed the reservations; answered ABORTED COMMAND");
+    warn!("reservations decided {MOST_DECISIONS} times while other gateways changed them; answered ABORTED COMMAND");
     Err(Outcome::Check(ABORTED_COMMAND))
 }
 

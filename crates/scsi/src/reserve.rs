@@ -212,6 +212,11 @@ impl Reservations {
         self.holder.is_some() || self.legacy.is_some()
     }
 
+    /// The nexus holding a RESERVE (6)/(10) reservation.
+    pub fn reserved_by(&self) -> Option<&NexusName> {
+        self.legacy.as_ref()
+    }
+
     /// No registration and no persistent reservation.
     pub fn is_empty(&self) -> bool {
         self.registrations.is_empty() && self.holder.is_none()
