@@ -51,6 +51,7 @@ mod join;
 pub mod lease;
 mod osdmap;
 mod rbd;
+mod reservations;
 mod resize;
 mod servable;
 mod size;
@@ -534,6 +535,17 @@ async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
 }
 
 /// This host's name, for records people read.
+/// The reservations of image `image_id` (export `export`), shared by its
+/// gateways (`reservations.rs`).
+pub(crate) fn shared_reservations(
+    ceph: &Arc<Ceph>,
+    export: &str,
+    image_id: &str,
+) -> Arc<dyn braid_store::shared::SharedState> {
+    let shared = reservations::Shared::new(ceph.clone(), export.to_owned(), image_id);
+    Arc::new(shared)
+}
+
 pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())

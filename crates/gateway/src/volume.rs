@@ -559,4 +559,12 @@ impl Peers for RbdVolume {
     fn figures(&self) -> Option<braid_store::peer_figures::PeerFigures> {
         Some(self.figures_now())
     }
+
+    fn reservations(&self) -> Option<Arc<dyn braid_store::shared::SharedState>> {
+        Some(super::shared_reservations(
+            &self.ceph,
+            &self.export,
+            &self.image_id,
+        ))
+    }
 }

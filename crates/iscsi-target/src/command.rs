@@ -36,7 +36,7 @@ use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
 use super::timers::Awaited;
 use super::unit::{self, Outcome};
-use super::{media, unitwide, xcopy};
+use super::{media, unitshared, unitwide, xcopy};
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -61,6 +61,22 @@ pub(crate) struct Lun {
     /// Told when a command found the storage lost to this server: the
     /// connection then closes (see [`Outcome::Lost`]).
     pub lost: Arc<Notify>,
+}
+
+/// A RESERVE (6) does not outlive its nexus: where the reservations are
+/// shared, every server learns that it ended.
+impl Drop for Lun {
+    fn drop(&mut self) {
+        let lu = &self.served.lu;
+        if lu.shared.is_none() || lu.reservations().reserved_by() != Some(&self.nexus.name) {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (served, name) = (self.served.clone(), self.nexus.name.clone());
+        rt.spawn(async move { unitshared::nexus_lost(&served.lu, Some(&name)).await });
+    }
 }
 
 /// A WRITE waiting for its data.
@@ -472,6 +488,16 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     let (export, wce) = (&lun.served.export, lun.served.lu.write_cache.on());
     let medium = unit::medium(export, wce);
     let groups = || lun.shared.ports.groups();
+    if let (Some(shared), Command::Reserve | Command::Release) = (&lun.served.lu.shared, cmd) {
+        let lu = &lun.served.lu;
+        let outcome = unitshared::reserve_or_release(lu, shared, &lun.nexus.name, cmd).await;
+        return ctl.answer().then_some(outcome);
+    }
+    if matches!(cmd, Command::PersistentReserveIn { .. }) {
+        if let Err(answer) = unitshared::fresh(&lun.served.lu).await {
+            return ctl.answer().then_some(answer);
+        }
+    }
     let outcome = match dispatch::decide(
         &lun.served.lu,
         &lun.nexus.name,

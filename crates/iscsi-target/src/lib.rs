@@ -24,6 +24,7 @@ mod textreq;
 mod timers;
 mod tmf;
 mod unit;
+mod unitshared;
 mod unitwide;
 mod xcopy;
 
@@ -310,7 +311,7 @@ impl IscsiServer {
             .iter()
             .filter_map(|l| l.local_addr().ok())
             .collect();
-        let targets = exports
+        let targets: Vec<Arc<Served>> = exports
             .iter()
             .map(|e| {
                 let kept = |what: &str| {
@@ -322,13 +323,18 @@ impl IscsiServer {
                 let (cache, origin) = cache::WriteCache::load(kept("write-cache"), on)?;
                 let name = target_name(&cfg.iqn_prefix, &e.name);
                 log_write_cache(&name, cache.on(), origin);
+                let shared = e.peers.as_ref().and_then(|p| p.reservations());
+                let lu = Arc::new(lu::LogicalUnit::new(kept("reservations"), cache, shared)?);
                 Ok(Arc::new(Served {
                     name,
                     export: e.clone(),
-                    lu: Arc::new(lu::LogicalUnit::new(kept("reservations"), cache)?),
+                    lu,
                 }))
             })
             .collect::<io::Result<_>>()?;
+        for t in &targets {
+            unitshared::start(&t.lu).await?;
+        }
         Ok(Self {
             listeners,
             shared: Arc::new(Shared {

@@ -6,11 +6,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use braid_scsi::reserve::Effects;
 use braid_scsi::Reservations;
+use braid_store::shared::SharedState;
 
 pub(crate) use braid_scsi::lu::Nexus;
 
-use super::task::TaskSet;
+use super::task::{abort_all, TaskSet};
 
 /// One logical unit's shared state.
 #[derive(Debug)]
@@ -27,6 +29,10 @@ pub(crate) struct LogicalUnit {
     pub deciding: tokio::sync::Mutex<()>,
     /// Test hook: holds saves before their fsync.
     pub slow_save: Arc<super::slowsave::SlowSave>,
+    /// The reservations every server of the export shares (a Ceph
+    /// image's gateways), kept there instead of in `saved`
+    /// (`unitshared.rs`).
+    pub shared: Option<Arc<dyn SharedState>>,
 }
 
 /// The unit's decisions: nexuses, unit attentions, reservations.
@@ -38,19 +44,22 @@ impl std::ops::Deref for LogicalUnit {
 }
 
 impl LogicalUnit {
-    /// A unit whose reservations are kept in `saved` (and read from it
-    /// now), or only in memory, with `write_cache`.
+    /// A unit whose reservations are kept in `shared` (read by
+    /// `unitshared::start`) or else in `saved` (and read from it now), or
+    /// only in memory, with `write_cache`.
     ///
     /// # Errors
     ///
-    /// The saved file could not be read, or is not what braid writes.
+    /// The saved state could not be read, or is not what braid writes.
     pub fn new(
         saved: Option<PathBuf>,
         write_cache: super::cache::WriteCache,
+        shared: Option<Arc<dyn SharedState>>,
     ) -> std::io::Result<Self> {
-        let reservations = match &saved {
-            None => Reservations::default(),
-            Some(p) => match std::fs::read_to_string(p) {
+        let reservations = match (&shared, &saved) {
+            // Read once the unit watches them (`unitshared::start`).
+            (Some(_), _) | (None, None) => Reservations::default(),
+            (None, Some(p)) => match std::fs::read_to_string(p) {
                 Ok(text) => Reservations::load(&text).map_err(|e| {
                     std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
@@ -68,6 +77,45 @@ impl LogicalUnit {
             write_cache,
             deciding: tokio::sync::Mutex::new(()),
             slow_save: Arc::default(),
+            shared,
         })
     }
+}
+
+impl LogicalUnit {
+    /// What a PERSISTENT RESERVE OUT does to other nexuses of this
+    /// server: their tasks aborted (PREEMPT AND ABORT) and ended, and the
+    /// unit attentions they are owed.
+    pub async fn carry_out(&self, fx: Effects) {
+        if !fx.abort.is_empty() {
+            let ids: Vec<u64> = fx.abort.iter().flat_map(|n| self.ids_of(n)).collect();
+            tracing::info!(
+                preempted = fx.abort.len(),
+                sessions = ids.len(),
+                "PREEMPT AND ABORT: ending the preempted nexuses' tasks"
+            );
+            abort_all(&self.tasks.select(|n, _| ids.contains(&n))).await;
+        }
+        self.tell(fx.tell);
+    }
+}
+
+/// The reservations every server of the export shares, read (blocking;
+/// `unitshared.rs`).
+///
+/// # Errors
+///
+/// They could not be read, or are not what braid writes.
+pub(crate) fn read(shared: &dyn SharedState) -> Result<Reservations, String> {
+    parse(&shared.load()?)
+}
+
+/// The shared reservations' text, read.
+///
+/// # Errors
+///
+/// It is not what braid writes.
+pub(crate) fn parse(text: &[u8]) -> Result<Reservations, String> {
+    let text = std::str::from_utf8(text).map_err(|e| format!("not text: {e}"))?;
+    Reservations::from_shared(text).map_err(|e| format!("unreadable {e}"))
 }

@@ -71,6 +71,7 @@ pub(crate) async fn perform(lun: &Arc<Lun>, req: &Bhs, exp_cmd_sn: u32) -> u8 {
             );
             abort_all(&tasks.select(|_, _| true)).await;
             lun.served.lu.reset();
+            super::unitshared::nexus_lost(&lun.served.lu, None).await;
             Response::Complete
         }
         Plan::Answer(r) => r,

@@ -22,7 +22,6 @@ use tracing::{info, warn};
 
 use super::lu::{LogicalUnit, Nexus};
 use super::slowsave::SlowSave;
-use super::task::abort_all;
 use super::Served;
 
 const MODE_PARAMETERS_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x01);
@@ -43,9 +42,16 @@ pub(crate) async fn execute(
     match cmd {
         Command::PersistentReserveOut { action, .. } => {
             let params = data.unwrap_or_default();
-            match decide_and_keep(served, nexus, cmd, &params).await {
+            let decided = match &lu.shared {
+                Some(s) => super::unitshared::decide_and_store(lu, s, nexus, cmd, &params).await,
+                None => decide_and_keep(served, nexus, cmd, &params).await,
+            };
+            match decided {
                 Ok(fx) => {
-                    carry_out(served, action, fx).await;
+                    lu.carry_out(fx).await;
+                    if action == 3 {
+                        info!("persistent reservations cleared");
+                    }
                     Outcome::Good(Vec::new())
                 }
                 Err(answer) => answer,
@@ -160,25 +166,6 @@ async fn save(lu: &LogicalUnit, text: Option<String>) -> Result<(), Outcome> {
         warn!("reservations not saved in {}: {e}", shown.display());
         Outcome::Check(Sense::new(Key::HardwareError, 0x53, 0x00))
     })
-}
-
-/// What a PERSISTENT RESERVE OUT does to other nexuses: their tasks
-/// aborted (PREEMPT AND ABORT) and the unit attentions they are owed.
-async fn carry_out(served: &Served, action: u8, fx: Effects) {
-    let lu = &served.lu;
-    if !fx.abort.is_empty() {
-        let ids: Vec<u64> = fx.abort.iter().flat_map(|n| lu.ids_of(n)).collect();
-        info!(
-            preempted = fx.abort.len(),
-            sessions = ids.len(),
-            "PREEMPT AND ABORT: ending the preempted nexuses' tasks"
-        );
-        abort_all(&lu.tasks.select(|n, _| ids.contains(&n))).await;
-    }
-    lu.tell(fx.tell);
-    if action == 3 {
-        info!("persistent reservations cleared");
-    }
 }
 
 /// Saves `text` in `path` (written beside it, synced, then renamed over

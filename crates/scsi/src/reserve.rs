@@ -11,6 +11,7 @@
 //! `reserve/file.rs`'s).
 
 mod file;
+mod shared;
 
 use super::cdb::Command;
 use super::sense::{Key, Sense};
@@ -209,6 +210,11 @@ impl Reservations {
     /// one, no command can conflict.
     pub fn held(&self) -> bool {
         self.holder.is_some() || self.legacy.is_some()
+    }
+
+    /// The nexus holding a RESERVE (6)/(10) reservation.
+    pub fn reserved_by(&self) -> Option<&NexusName> {
+        self.legacy.as_ref()
     }
 
     /// No registration and no persistent reservation.

@@ -55,6 +55,11 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
     fn figures(&self) -> Option<crate::peer_figures::PeerFigures> {
         None
     }
+    /// The unit's reservations as every server of the export shares them;
+    /// `None`: each server keeps its own.
+    fn reservations(&self) -> Option<Arc<dyn crate::shared::SharedState>> {
+        None
+    }
 }
 
 impl Export {

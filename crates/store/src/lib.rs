@@ -23,6 +23,7 @@ pub mod peer_figures;
 pub mod portal;
 pub mod rangelock;
 pub mod registry;
+pub mod shared;
 pub mod source;
 pub mod stats;
 pub mod storage;

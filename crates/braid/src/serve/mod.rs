@@ -300,6 +300,7 @@ impl ServeConfig {
             ));
         }
         if iscsi.is_some()
+            && !cfg!(feature = "rbd")
             && !iscsi_can.fenced_across_gateways
             && args
                 .exports

@@ -64,6 +64,10 @@ impl Reservations {
                     let t = t.parse().ok().and_then(Type::from_code).ok_or_else(bad)?;
                     r.holder = Some((nexus(port, name)?, t));
                 }
+                // Only in the copy the gateways of an image share
+                // (`shared.rs`): a file holds neither.
+                ["aptpl", a] if escaped => r.aptpl = *a == "1",
+                ["legacy", port, name] if escaped => r.legacy = Some(nexus(port, name)?),
                 [""] => {}
                 _ => return Err(bad()),
             }
@@ -73,7 +77,7 @@ impl Reservations {
 }
 
 /// `name` with every byte outside printable ASCII, and `%`, as `%XX`.
-fn escape(name: &str) -> String {
+pub(super) fn escape(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for &b in name.as_bytes() {
         if b.is_ascii_graphic() && b != b'%' {
@@ -87,7 +91,7 @@ fn escape(name: &str) -> String {
 
 /// What [`escape`] wrote; `None` for a `%` not followed by two hex
 /// digits, or bytes that are not UTF-8.
-fn unescape(field: &str) -> Option<String> {
+pub(super) fn unescape(field: &str) -> Option<String> {
     let b = field.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
