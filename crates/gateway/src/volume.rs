@@ -2,7 +2,7 @@
 //! kept in the image's gateway registry; other gateways' portals and
 //! fencing their connections (`Peers`).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
@@ -42,6 +42,13 @@ pub struct RbdVolume {
     pub(super) rewatching: AtomicBool,
     /// For metrics and status (`figures.rs`).
     pub(crate) counters: super::counters::Counters,
+    /// The image's own RADOS client (`client.rs`).
+    pub(super) inc: RwLock<Arc<super::Incarnation>>,
+    /// False while the image reconnects on a new client.
+    pub(super) serving: AtomicBool,
+    pub(super) reopening: AtomicBool,
+    /// Whether the monitors answer its client's OSD map fetches.
+    pub(super) reach: Mutex<super::osdmap::Reach>,
 }
 
 /// The open image of the current incarnation.
@@ -83,7 +90,7 @@ impl RbdVolume {
         identity: Option<Uuid>,
     ) -> Result<Arc<Self>, String> {
         let read_only = read_only || spec.snap.is_some();
-        let inc = ceph.current();
+        let inc = Arc::new(super::incarnation(ceph.connect_options())?);
         let io = inc
             .cluster
             .ioctx(&spec.pool, spec.namespace.as_deref())
@@ -159,6 +166,10 @@ impl RbdVolume {
             writes: Arc::default(),
             rewatching: AtomicBool::new(false),
             counters: Default::default(),
+            inc: RwLock::new(inc),
+            serving: AtomicBool::new(true),
+            reopening: AtomicBool::new(false),
+            reach: Mutex::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
         vol.handle
@@ -254,7 +265,7 @@ impl RbdVolume {
     /// Writes this incarnation's record in the image's metadata (when it
     /// joins; `lease.rs`) and its first heartbeat.
     pub(crate) fn record(&self, portals: &[String]) -> braid_rbd::Result<()> {
-        let inc = self.ceph.current();
+        let inc = self.current();
         let (key, entry) = {
             let mut l = self.lease();
             l.seq += 1;
@@ -262,7 +273,8 @@ impl RbdVolume {
             let entry = Entry {
                 v: lease::VERSION,
                 scope: self.scope.clone(),
-                tag: inc.tag,
+                tag: self.ceph.tag(),
+                client: inc.tag,
                 addr: inc.addr.clone(),
                 gid: inc.gid,
                 portals: portals.to_vec(),
@@ -285,7 +297,7 @@ impl RbdVolume {
         let (key, seq) = {
             let mut l = self.lease();
             l.seq += 1;
-            (lease::key(self.ceph.current().tag), l.seq)
+            (lease::key(self.current().tag), l.seq)
         };
         let oid = super::barrier::object(&self.image_id);
         self.counters.renewal(|| {
@@ -323,7 +335,7 @@ impl RbdVolume {
                 .ioctx()
                 .omap_list(&super::barrier::object(&self.image_id), lease::PREFIX)?,
         );
-        let own = lease::key(self.ceph.current().tag);
+        let own = lease::key(self.current().tag);
         let now = self.ceph.clock();
         let view = {
             let mut l = self.lease();
@@ -371,7 +383,7 @@ impl RbdVolume {
                         e.host,
                         e.pid,
                         self.rbd_name(),
-                        lease::key(e.tag)
+                        e.key()
                     );
                 }
                 continue;
@@ -470,18 +482,23 @@ impl RbdVolume {
         match seen {
             None => Ok(()),
             Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
-            Some(Ok(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
+            Some(Ok(_)) => self.check(super::osdmap::latest(&self.current().cluster)),
             Some(Err(e)) if e.blocklisted() => {
-                self.ceph.lost(
-                    self.ceph.current().tag,
-                    format!("{}: the barrier watch broke: {e}", self.spec),
-                );
+                self.lost_now(format!("{}: the barrier watch broke: {e}", self.spec));
                 Err(std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))
             }
             // Lapsed, not refused (the OSDs stalled): until it is watched
             // again (`watching.rs`), every write fetches the newest map
             // first, which is what a barrier would have made it do.
-            Some(Err(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
+            Some(Err(_)) => self.check(super::osdmap::latest(&self.current().cluster)),
+        }
+    }
+
+    /// The image's current client was found blocklisted, on a path that
+    /// holds no `Arc` of the image.
+    fn lost_now(&self, why: String) {
+        if let Some(vol) = self.ceph.volume(&self.export) {
+            vol.lost(vol.current().tag, why);
         }
     }
 
@@ -498,22 +515,35 @@ impl RbdVolume {
     /// Takes a librbd error: a blocklisted client makes the gateway
     /// reconnect as a new one.
     pub(crate) fn check<T>(&self, r: braid_rbd::Result<T>) -> std::io::Result<T> {
-        checked(&self.ceph, &self.spec, r)
+        checked(&self.ceph, &self.export, &self.spec, None, r)
     }
 
     /// [`Self::check`] for a completion, which runs on a librbd thread.
     pub(crate) fn checker(
         &self,
     ) -> impl FnOnce(braid_rbd::Result<()>) -> std::io::Result<()> + Send + 'static {
-        let (ceph, spec) = (self.ceph.clone(), self.spec.clone());
-        move |r| checked(&ceph, &spec, r)
+        // The client the operation went to: a completion of an earlier
+        // one does not make the current one reconnect.
+        let tag = self.current().tag;
+        let (ceph, export, spec) = (self.ceph.clone(), self.export.clone(), self.spec.clone());
+        move |r| checked(&ceph, &export, &spec, Some(tag), r)
     }
 }
 
-fn checked<T>(ceph: &Arc<Ceph>, spec: &RbdSpec, r: braid_rbd::Result<T>) -> std::io::Result<T> {
+/// Takes a librbd error of export `export`'s client `tag` (`None`: the
+/// current one).
+fn checked<T>(
+    ceph: &Arc<Ceph>,
+    export: &str,
+    spec: &RbdSpec,
+    tag: Option<u64>,
+    r: braid_rbd::Result<T>,
+) -> std::io::Result<T> {
     r.map_err(|e| {
         if e.blocklisted() {
-            ceph.lost(ceph.current().tag, format!("{spec}: {e}"));
+            if let Some(vol) = ceph.volume(export) {
+                vol.lost(tag.unwrap_or(vol.current().tag), format!("{spec}: {e}"));
+            }
         }
         e.into()
     })
@@ -553,7 +583,7 @@ impl Peers for RbdVolume {
     }
 
     fn admits(&self, id: ConnId) -> bool {
-        self.ceph.admits(id)
+        self.serving.load(Ordering::SeqCst) && self.ceph.admits(id)
     }
 
     fn figures(&self) -> Option<braid_store::peer_figures::PeerFigures> {
