@@ -52,6 +52,15 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long every live gateway has to confirm the newest OSD map.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long past its own timeout a notification may take to return (an
+/// OSD that does not answer the notification itself: `deadline.rs`).
+const MARGIN: Duration = Duration::from_secs(2);
+
+/// How long a blocklist command (and the wait for the OSD map that names
+/// it) may take before the fence fails and is asked again; the monitors'
+/// own bound is longer (`MON_TIMEOUT`).
+const BLOCKLIST_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Fences connection ids this gateway does not have (blocking: Ceph calls).
 ///
 /// # Errors
@@ -68,11 +77,7 @@ pub(super) fn fence_ids(vol: &RbdVolume, ids: &[ConnId]) -> Result<(), String> {
         }
         let listed = match &listed {
             Some(l) => l,
-            None => listed.insert(
-                vol.image()
-                    .metadata_list(lease::PREFIX)
-                    .map_err(|e| format!("reading the gateway registry: {e}"))?,
-            ),
+            None => listed.insert(vol.records().map_err(|e| e.to_string())?),
         };
         let named: Vec<ConnId> = ids
             .iter()
@@ -131,7 +136,15 @@ fn records_of(
 fn fence_record(vol: &RbdVolume, entry: &Entry, named: &[ConnId]) -> Result<(), String> {
     let key = entry.key();
     if vol.live().iter().any(|e| e.key() == key) {
-        let asked = barrier::ask_drop(&vol.ioctx(), &vol.image_id, entry.gid, named, ASK_TIMEOUT)?;
+        let (io, id, gid, named) = (vol.ioctx(), vol.image_id.clone(), entry.gid, named.to_vec());
+        let asked = vol
+            .deadlines
+            .within(
+                ASK_TIMEOUT + MARGIN,
+                "asking a gateway to drop connections",
+                move || Ok(barrier::ask_drop(&io, &id, gid, &named, ASK_TIMEOUT)),
+            )
+            .map_err(|e| e.to_string())??;
         match asked {
             barrier::Asked::Dropped => {
                 info!(
@@ -180,14 +193,22 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
     if skip_blocklist_for_tests() {
         warn!(gateway = %entry.addr, "TEST HOOK: not blocklisting the stale gateway");
     } else {
-        inc.cluster
-            .blocklist_add(&entry.addr, None)
+        let (cluster, addr) = (inc.cluster.clone(), entry.addr.clone());
+        vol.deadlines
+            .within(BLOCKLIST_DEADLINE, "blocklisting", move || {
+                cluster.blocklist_add(&addr, None)
+            })
             .map_err(|e| format!("blocklisting gateway {}: {e}", entry.addr))?;
         vol.counters.blocklisted();
     }
-    let io = vol.ioctx();
-    vol.counters
-        .barrier(|| super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid]))?;
+    let (io, id, gid) = (vol.ioctx(), vol.image_id.clone(), entry.gid);
+    vol.counters.barrier(|| {
+        vol.deadlines
+            .within(BARRIER_TIMEOUT + MARGIN, "OSD map barrier", move || {
+                Ok(super::barrier::run(&io, &id, BARRIER_TIMEOUT, &[gid]))
+            })
+            .map_err(|e| e.to_string())?
+    })?;
     vol.unrecord(&entry.key())
         .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;
     info!(

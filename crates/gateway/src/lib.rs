@@ -46,6 +46,7 @@ mod barrier;
 mod cache;
 mod client;
 mod counters;
+mod deadline;
 mod fence;
 mod figures;
 mod hooks;

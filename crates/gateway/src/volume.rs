@@ -49,6 +49,8 @@ pub struct RbdVolume {
     pub(super) reopening: AtomicBool,
     /// Whether the monitors answer its client's OSD map fetches.
     pub(super) reach: Mutex<super::osdmap::Reach>,
+    /// Bounds on braid's own RADOS operations of the image.
+    pub(super) deadlines: super::deadline::Deadlines,
 }
 
 /// The open image of the current incarnation.
@@ -170,6 +172,7 @@ impl RbdVolume {
             serving: AtomicBool::new(true),
             reopening: AtomicBool::new(false),
             reach: Mutex::default(),
+            deadlines: Default::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
         vol.handle
@@ -286,7 +289,10 @@ impl RbdVolume {
             };
             (key, entry)
         };
-        self.image().metadata_set(&key, &entry.to_json())?;
+        let (image, k, json) = (self.image(), key.clone(), entry.to_json());
+        self.bounded("writing this gateway's record", move || {
+            image.metadata_set(&k, &json)
+        })?;
         self.lease().own = Some(key);
         self.beat()
     }
@@ -300,17 +306,36 @@ impl RbdVolume {
             (lease::key(self.current().tag), l.seq)
         };
         let oid = super::barrier::object(&self.image_id);
+        let io = self.ioctx();
         self.counters.renewal(|| {
-            self.ioctx()
-                .omap_set(&oid, &key, seq.to_string().as_bytes())
+            self.bounded("renewing this gateway's lease", move || {
+                io.omap_set(&oid, &key, seq.to_string().as_bytes())
+            })
         })
+    }
+
+    /// Runs one of braid's own RADOS operations of the image, waiting for
+    /// it at most [`super::deadline::OP_DEADLINE`] (`deadline.rs`).
+    pub(super) fn bounded<T: Send + 'static>(
+        &self,
+        what: &str,
+        op: impl FnOnce() -> braid_rbd::Result<T> + Send + 'static,
+    ) -> braid_rbd::Result<T> {
+        self.deadlines.within(
+            super::deadline::OP_DEADLINE,
+            &format!("{}: {what}", self.spec),
+            op,
+        )
     }
 
     /// Removes the record under `key` and its heartbeat.
     pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
-        self.image().metadata_remove(key)?;
-        self.ioctx()
-            .omap_remove(&super::barrier::object(&self.image_id), key)
+        let (image, io) = (self.image(), self.ioctx());
+        let (key, oid) = (key.to_owned(), super::barrier::object(&self.image_id));
+        self.bounded("removing a gateway record", move || {
+            image.metadata_remove(&key)?;
+            io.omap_remove(&oid, &key)
+        })
     }
 
     /// Takes this incarnation's record back (a join that met another).
@@ -327,14 +352,14 @@ impl RbdVolume {
     /// out.
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
         let image = self.image();
-        let listed = image.metadata_list(lease::PREFIX)?;
+        let listed = self.records()?;
         // Read after the records: a record's first heartbeat is written
         // after it, so a record listed is never judged without it.
-        let beats = lease::heartbeats(
-            &self
-                .ioctx()
-                .omap_list(&super::barrier::object(&self.image_id), lease::PREFIX)?,
-        );
+        let (io, oid) = (self.ioctx(), super::barrier::object(&self.image_id));
+        let beats =
+            lease::heartbeats(&self.bounded("reading the lease heartbeats", move || {
+                io.omap_list(&oid, lease::PREFIX)
+            })?);
         let own = lease::key(self.current().tag);
         let now = self.ceph.clock();
         let view = {
@@ -347,6 +372,14 @@ impl RbdVolume {
             self.remove_foreign(&image, key);
         }
         Ok(view)
+    }
+
+    /// The gateway records in the image's metadata, as listed.
+    pub(super) fn records(&self) -> braid_rbd::Result<Vec<(String, String)>> {
+        let image = self.image();
+        self.bounded("reading the gateway registry", move || {
+            image.metadata_list(lease::PREFIX)
+        })
     }
 
     /// Removes a record that names another image's gateway (copied with
