@@ -20,7 +20,7 @@ use braid_proto::braid_ns::ConnId;
 use tracing::{error, info, warn};
 
 use super::volume::RbdVolume;
-use super::{incarnation, Incarnation, ACK_WAIT};
+use super::{incarnation, lease, Incarnation, ACK_WAIT};
 use crate::registry::Registry;
 
 impl RbdVolume {
@@ -33,6 +33,28 @@ impl RbdVolume {
     /// admitted.
     pub(crate) fn serving(&self) -> bool {
         self.serving.load(Ordering::SeqCst)
+    }
+
+    /// Runs one of braid's own RADOS operations of the image, waiting for
+    /// it at most [`super::deadline::OP_DEADLINE`] (`deadline.rs`).
+    pub(super) fn bounded<T: Send + 'static>(
+        &self,
+        what: &str,
+        op: impl FnOnce() -> braid_rbd::Result<T> + Send + 'static,
+    ) -> braid_rbd::Result<T> {
+        self.deadlines.within(
+            super::deadline::OP_DEADLINE,
+            &format!("{}: {what}", self.spec),
+            op,
+        )
+    }
+
+    /// The gateway records in the image's metadata, as listed.
+    pub(super) fn records(&self) -> braid_rbd::Result<Vec<(String, String)>> {
+        let image = self.image();
+        self.bounded("reading the gateway registry", move || {
+            image.metadata_list(lease::PREFIX)
+        })
     }
 
     /// For a barrier acknowledgement of client `tag`: fetches the newest

@@ -314,20 +314,6 @@ impl RbdVolume {
         })
     }
 
-    /// Runs one of braid's own RADOS operations of the image, waiting for
-    /// it at most [`super::deadline::OP_DEADLINE`] (`deadline.rs`).
-    pub(super) fn bounded<T: Send + 'static>(
-        &self,
-        what: &str,
-        op: impl FnOnce() -> braid_rbd::Result<T> + Send + 'static,
-    ) -> braid_rbd::Result<T> {
-        self.deadlines.within(
-            super::deadline::OP_DEADLINE,
-            &format!("{}: {what}", self.spec),
-            op,
-        )
-    }
-
     /// Removes the record under `key` and its heartbeat.
     pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
         let (image, io) = (self.image(), self.ioctx());
@@ -372,14 +358,6 @@ impl RbdVolume {
             self.remove_foreign(&image, key);
         }
         Ok(view)
-    }
-
-    /// The gateway records in the image's metadata, as listed.
-    pub(super) fn records(&self) -> braid_rbd::Result<Vec<(String, String)>> {
-        let image = self.image();
-        self.bounded("reading the gateway registry", move || {
-            image.metadata_list(lease::PREFIX)
-        })
     }
 
     /// Removes a record that names another image's gateway (copied with
