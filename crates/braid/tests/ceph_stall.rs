@@ -13,21 +13,11 @@ mod failkit;
 
 use braid_test_needs::needs;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long the OSDs stay paused: past the point where a gateway's barrier
 /// watch times out (30 s, `Ceph::watch_timeout`).
 const PAUSE: Duration = Duration::from_secs(40);
-
-/// Lines of `ceph osd blocklist ls` that name one of `addrs`.
-fn blocklisted(c: &cephkit::Cluster, addrs: &[String]) -> Vec<String> {
-    let out = c.tool("ceph", &["osd", "blocklist", "ls"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| addrs.iter().any(|a| l.starts_with(a.as_str())))
-        .map(str::to_owned)
-        .collect()
-}
 
 /// Unpauses the OSDs when dropped, whatever the test did.
 struct Unpause<'a>(&'a cephkit::Cluster);
@@ -53,41 +43,19 @@ fn a_cluster_wide_stall_is_waited_out_with_no_error_and_no_gateway_blocklisted()
         .iter()
         .map(|g| g["addr"].as_str().unwrap_or_default().to_owned())
         .collect();
-    let bs = 64 * 1024;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let started = Instant::now();
-    let (log, acked) = rt.block_on(async {
-        let vol = failkit::open(&a.uri("vol"), |_| {}).await;
-        assert_eq!(vol.info().paths.len(), 2, "both gateways from one URI");
-        let w = failkit::Workload {
-            blocks: 128,
-            bs,
-            depth: 4,
-            duration: PAUSE + Duration::from_secs(8),
-        };
-        let load = tokio::spawn(failkit::run(vol.clone(), w, Instant::now()));
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let paused = tokio::task::spawn_blocking(move || {
-            let c = cephkit::cluster();
-            c.ok("ceph", &["osd", "pause"]);
-            let guard = Unpause(c);
-            std::thread::sleep(PAUSE);
-            drop(guard);
-        });
-        paused.await.unwrap();
-        let log = load.await.unwrap();
-        let bad = failkit::check_acknowledged(&vol, &log, bs).await;
-        assert!(bad.is_empty(), "{bad:?}");
-        let acked: Vec<(u64, u64)> = log.acked.iter().map(|(b, (v, _))| (*b, *v)).collect();
-        vol.close().await;
-        (log, acked)
-    });
-    eprintln!("load and pause took {:?}", started.elapsed());
-    let listed = blocklisted(c, &addrs);
+    let pause = || {
+        c.ok("ceph", &["osd", "pause"]);
+        let guard = Unpause(c);
+        std::thread::sleep(PAUSE);
+        drop(guard);
+    };
+    let duration = PAUSE + Duration::from_secs(8);
+    let (log, acked) = failkit::under_load(&a.uri("vol"), |_| {}, 4, duration, pause);
+    assert!(
+        log.samples.iter().all(|s| s.states.len() == 2),
+        "both gateways from one URI"
+    );
+    let listed = c.blocklisted(&addrs);
     assert!(
         log.errors.is_empty(),
         "I/O errors: {:?}\nblocklisted: {listed:?}\nA:\n{}\nB:\n{}",
@@ -103,7 +71,7 @@ fn a_cluster_wide_stall_is_waited_out_with_no_error_and_no_gateway_blocklisted()
         b.log()
     );
     let data = img.export();
-    failkit::assert_holds(&data, &acked, bs, "in the cluster");
+    failkit::assert_holds(&data, &acked, failkit::BS, "in the cluster");
     assert!(
         !a.log().contains("lost its right to write")
             && !b.log().contains("lost its right to write"),

@@ -2,13 +2,17 @@
 //! id this gateway did not issue, and the cleaning of a record whose lease
 //! ran out.
 //!
-//! A connection id names the gateway incarnation that issued it (its high
-//! 64 bits are the incarnation's tag, see `registry.rs`), and the image's
-//! gateway registry maps a tag to that incarnation's RADOS address
-//! (`lease.rs`). So a gateway asked to fence ids of another incarnation:
+//! A connection id names the gateway process that issued it (its high 64
+//! bits are the process's tag, see `registry.rs`), and the image's gateway
+//! registry maps a tag to the RADOS address of that process's client for
+//! the image (`lease.rs`; each image of a gateway has its own client, so
+//! a blocklist cuts that image's connections only). A process may have
+//! two records for an image for a moment: an earlier client's (found
+//! blocklisted, its connections closed and drained before the new client
+//! wrote its record) and the current one's. Each is fenced as below, so a
+//! gateway asked to fence ids of another process:
 //!
-//! - of its own past incarnations: nothing to do. It closed and drained
-//!   their connections before it reconnected as a new client.
+//! - of its own: nothing to do here (its own registry fences them).
 //! - with no record: nothing to do. A record goes only after its gateway
 //!   stopped cleanly (no write of it left in flight, `writes.rs`) or after
 //!   it was blocklisted and the OSD map barrier passed. A record copied
@@ -48,6 +52,15 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long every live gateway has to confirm the newest OSD map.
 const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long past its own timeout a notification may take to return (an
+/// OSD that does not answer the notification itself: `deadline.rs`).
+const MARGIN: Duration = Duration::from_secs(2);
+
+/// How long a blocklist command (and the wait for the OSD map that names
+/// it) may take before the fence fails and is asked again; the monitors'
+/// own bound is longer (`MON_TIMEOUT`).
+const BLOCKLIST_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Fences connection ids this gateway does not have (blocking: Ceph calls).
 ///
 /// # Errors
@@ -57,67 +70,111 @@ pub(super) fn fence_ids(vol: &RbdVolume, ids: &[ConnId]) -> Result<(), String> {
     let mut tags: Vec<u64> = ids.iter().map(|id| Registry::tag_of(*id)).collect();
     tags.sort_unstable();
     tags.dedup();
+    let mut listed = None;
     for tag in tags {
         if vol.ceph.own_tag(tag) {
             continue;
         }
-        let key = lease::key(tag);
-        let value = vol
-            .image()
-            .metadata_get(&key)
-            .map_err(|e| format!("reading the gateway registry: {e}"))?;
-        let Some(value) = value else {
-            continue;
+        let listed = match &listed {
+            Some(l) => l,
+            None => listed.insert(vol.records().map_err(|e| e.to_string())?),
         };
-        let entry = Entry::parse(&value).ok_or_else(|| {
-            format!(
-                "the record {key} in {}'s metadata is not one this braid can read; remove it \
-                 once its gateway is stopped (rbd image-meta remove {} {key})",
-                vol.spec,
-                vol.rbd_name()
-            )
-        })?;
-        if entry.scope != vol.scope {
-            vol.remove_foreign(&vol.image(), &key);
-            continue;
+        let named: Vec<ConnId> = ids
+            .iter()
+            .copied()
+            .filter(|id| Registry::tag_of(*id) == tag)
+            .collect();
+        // Every record of that gateway process for this image: its current
+        // client's, and an earlier client's not yet removed (one a fence
+        // blocklisted, or one the process replaced itself).
+        for entry in records_of(vol, listed, tag)? {
+            fence_record(vol, &entry, &named)?;
         }
-        if vol.live().iter().any(|e| e.tag == entry.tag) {
-            let named: Vec<ConnId> = ids
-                .iter()
-                .copied()
-                .filter(|id| Registry::tag_of(*id) == tag)
-                .collect();
-            let asked =
-                barrier::ask_drop(&vol.ioctx(), &vol.image_id, entry.gid, &named, ASK_TIMEOUT)?;
-            match asked {
-                barrier::Asked::Dropped => {
-                    info!(
-                        gateway = %entry.addr,
-                        host = %entry.host,
-                        pid = entry.pid,
-                        "a client fences connections of another gateway, alive: it dropped them"
-                    );
-                    continue;
-                }
-                barrier::Asked::Absent => {
-                    return Err(format!(
-                        "gateway {} (host {}, pid {}) is alive by its lease and not watching the \
-                         image's barrier object now; ask again",
-                        entry.addr, entry.host, entry.pid
-                    ));
-                }
-                barrier::Asked::Late => {}
-            }
-        }
-        warn!(
-            gateway = %entry.addr,
-            host = %entry.host,
-            pid = entry.pid,
-            "a client fences connections of another gateway: blocklisting it"
-        );
-        fence_entry(vol, &entry)?;
     }
     Ok(())
+}
+
+/// The records in `listed` of the gateway process whose connection ids
+/// carry `tag`; records copied from another image are removed instead.
+///
+/// # Errors
+///
+/// A record under that process's key that this version cannot read.
+fn records_of(
+    vol: &RbdVolume,
+    listed: &[(String, String)],
+    tag: u64,
+) -> Result<Vec<Entry>, String> {
+    let mut out = Vec::new();
+    for (key, value) in listed {
+        let Some(entry) = Entry::parse(value) else {
+            if *key == lease::key(tag) {
+                return Err(format!(
+                    "the record {key} in {}'s metadata is not one this braid can read; remove \
+                     it once its gateway is stopped (rbd image-meta remove {} {key})",
+                    vol.spec,
+                    vol.rbd_name()
+                ));
+            }
+            continue;
+        };
+        if entry.tag != tag {
+            continue;
+        }
+        if entry.scope != vol.scope {
+            vol.remove_foreign(&vol.image(), key);
+            continue;
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}
+
+/// Fences the client of `entry`, whose gateway issued connections
+/// `named`: asked first if it is alive, blocklisted if not or if it does
+/// not answer in time.
+fn fence_record(vol: &RbdVolume, entry: &Entry, named: &[ConnId]) -> Result<(), String> {
+    let key = entry.key();
+    // Under the test hook nothing stands between a stalled gateway's held
+    // write and the cluster: a drop request queued for it could close the
+    // connection before the gateway, resumed, reads the write.
+    if !skip_blocklist_for_tests() && vol.live().iter().any(|e| e.key() == key) {
+        let (io, id, gid, named) = (vol.ioctx(), vol.image_id.clone(), entry.gid, named.to_vec());
+        let asked = vol
+            .deadlines
+            .within(
+                ASK_TIMEOUT + MARGIN,
+                "asking a gateway to drop connections",
+                move || Ok(barrier::ask_drop(&io, &id, gid, &named, ASK_TIMEOUT)),
+            )
+            .map_err(|e| e.to_string())??;
+        match asked {
+            barrier::Asked::Dropped => {
+                info!(
+                    gateway = %entry.addr,
+                    host = %entry.host,
+                    pid = entry.pid,
+                    "a client fences connections of another gateway, alive: it dropped them"
+                );
+                return Ok(());
+            }
+            barrier::Asked::Absent => {
+                return Err(format!(
+                    "gateway {} (host {}, pid {}) is alive by its lease and not watching the \
+                     image's barrier object now; ask again",
+                    entry.addr, entry.host, entry.pid
+                ));
+            }
+            barrier::Asked::Late => {}
+        }
+    }
+    warn!(
+        gateway = %entry.addr,
+        host = %entry.host,
+        pid = entry.pid,
+        "a client fences connections of another gateway: blocklisting it"
+    );
+    fence_entry(vol, entry)
 }
 
 /// Blocklists the gateway of `entry`, passes the OSD map barrier, then
@@ -135,19 +192,27 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
             entry.addr, entry.host, entry.pid
         ));
     }
-    let inc = vol.ceph.current();
+    let inc = vol.current();
     if skip_blocklist_for_tests() {
         warn!(gateway = %entry.addr, "TEST HOOK: not blocklisting the stale gateway");
     } else {
-        inc.cluster
-            .blocklist_add(&entry.addr, None)
+        let (cluster, addr) = (inc.cluster.clone(), entry.addr.clone());
+        vol.deadlines
+            .within(BLOCKLIST_DEADLINE, "blocklisting", move || {
+                cluster.blocklist_add(&addr, None)
+            })
             .map_err(|e| format!("blocklisting gateway {}: {e}", entry.addr))?;
         vol.counters.blocklisted();
     }
-    let io = vol.ioctx();
-    vol.counters
-        .barrier(|| super::barrier::run(&io, &vol.image_id, BARRIER_TIMEOUT, &[entry.gid]))?;
-    vol.unrecord(&lease::key(entry.tag))
+    let (io, id, gid) = (vol.ioctx(), vol.image_id.clone(), entry.gid);
+    vol.counters.barrier(|| {
+        vol.deadlines
+            .within(BARRIER_TIMEOUT + MARGIN, "OSD map barrier", move || {
+                Ok(super::barrier::run(&io, &id, BARRIER_TIMEOUT, &[gid]))
+            })
+            .map_err(|e| e.to_string())?
+    })?;
+    vol.unrecord(&entry.key())
         .map_err(|e| format!("removing the record of fenced gateway {}: {e}", entry.addr))?;
     info!(
         gateway = %entry.addr,
@@ -159,7 +224,8 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
 }
 
 /// Test hook: with `BRAID_DANGER_NO_BLOCKLIST` set in a build with the
-/// `test-hooks` feature, fences skip the blocklist (to show a test that
+/// `test-hooks` feature, fences skip the blocklist, and the request to a
+/// live gateway to drop its connections before it (to show a test that
 /// the stale write then lands).
 fn skip_blocklist_for_tests() -> bool {
     braid_store::TEST_HOOKS && std::env::var_os("BRAID_DANGER_NO_BLOCKLIST").is_some()

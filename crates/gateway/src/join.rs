@@ -51,7 +51,7 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
         pause_for_tests();
         if !watching {
             vol.watch_barrier()?;
-            super::osdmap::latest(&vol.ceph.current().cluster)
+            super::osdmap::latest(&vol.current().cluster)
                 .map_err(|e| format!("{}: {e}", vol.spec))?;
             watching = true;
         }
@@ -136,7 +136,7 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
                 e.host,
                 e.pid,
                 vol.rbd_name(),
-                lease::key(e.tag)
+                e.key()
             ));
         }
         // A record that is never renewed is a gateway that is gone or

@@ -58,9 +58,15 @@ pub struct Entry {
     pub v: u32,
     /// The image whose gateway wrote it.
     pub scope: Scope,
-    /// The gateway incarnation's tag: the high 64 bits of the connection
-    /// ids it issues.
+    /// The gateway process's tag: the high 64 bits of the connection ids
+    /// it issues.
     pub tag: u64,
+    /// The tag of the image's RADOS client that wrote it (each image of a
+    /// gateway has its own, a new one after a blocklist): the record's key.
+    /// 0 in records of versions with one client per process, keyed by
+    /// `tag`.
+    #[serde(default)]
+    pub client: u64,
     /// Its RADOS client's address, as `ceph osd blocklist add` takes it.
     pub addr: String,
     /// Its RADOS client's global id (`client.<gid>`).
@@ -79,7 +85,7 @@ pub struct Entry {
     pub pid: u32,
 }
 
-/// The metadata key of the record of the incarnation with `tag`.
+/// The metadata key of the record of the client with `tag`.
 pub fn key(tag: u64) -> String {
     format!("{PREFIX}{tag:016x}")
 }
@@ -98,6 +104,15 @@ impl Entry {
 
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
+    }
+
+    /// The metadata key it is kept under.
+    pub fn key(&self) -> String {
+        key(if self.client != 0 {
+            self.client
+        } else {
+            self.tag
+        })
     }
 }
 
@@ -219,6 +234,7 @@ mod tests {
             v: VERSION,
             scope: scope(),
             tag,
+            client: 0,
             addr: format!("127.0.0.1:0/{tag}"),
             gid: tag + 4000,
             portals: vec![format!("127.0.0.1:{}", 10000 + tag)],

@@ -1,8 +1,9 @@
 //! `braid serve` as a gateway of Ceph RBD images, every gateway active.
 //!
-//! One RADOS client per process ([`Ceph`]) serves every RBD export. Each
-//! gateway of an image keeps a record in the image's metadata with its
-//! portals and its RADOS address, under a lease renewed by heartbeats in
+//! Each RBD export has a RADOS client of its own (`client.rs`), so that a
+//! blocklist of one image's client cuts only that image's connections.
+//! Each gateway of an image keeps a record in the image's metadata with
+//! its portals and that client's address, under a lease renewed by heartbeats in
 //! the image's barrier object, naming the image it belongs to so that
 //! copies of the metadata are told apart (`lease.rs`).
 //! It joins with a compare-and-set, so that two joins at once cannot both
@@ -17,10 +18,10 @@
 //! in Ceph itself: blocklisted, then every live gateway fetches the OSD
 //! map that says so before the fence is confirmed (`fence.rs`,
 //! `barrier.rs`). A gateway that finds itself blocklisted (an operation or
-//! a renewal answered `ESHUTDOWN`, or its barrier watch broken) closes its
-//! connections unanswered, waits for them to drain, and reconnects as a
-//! new RADOS client with a new tag: a new incarnation, whose connection
-//! ids differ from the old one's. A gateway whose barrier watch went
+//! a renewal answered `ESHUTDOWN`, or its barrier watch broken) closes
+//! that image's connections unanswered, waits for them to drain, and
+//! reconnects it as a new RADOS client with a new record: a new
+//! incarnation of the image's client. A gateway whose barrier watch went
 //! unconfirmed for a while (its process was stopped) fetches the newest
 //! OSD map before its next write, as a barrier may have passed it by; a
 //! joining gateway fetches it once its watch is registered. A gateway that
@@ -43,7 +44,9 @@
 mod acks;
 mod barrier;
 mod cache;
+mod client;
 mod counters;
+mod deadline;
 mod fence;
 mod figures;
 mod hooks;
@@ -60,12 +63,12 @@ mod watching;
 mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use braid_proto::braid_ns::ConnId;
 use braid_rbd::Cluster;
-use tracing::{error, info, warn};
+use tracing::warn;
 
 pub use braid_rbd::ConnectOptions;
 pub use volume::RbdVolume;
@@ -91,11 +94,11 @@ pub struct GatewayOptions {
     pub cache: bool,
 }
 
-/// One connection of this process to the cluster.
+/// One RADOS client of one image of this process.
 #[derive(Debug)]
 pub(crate) struct Incarnation {
     pub cluster: Arc<Cluster>,
-    /// The high 64 bits of the connection ids it issues.
+    /// Names its record (`lease::key`); a new client, a new tag.
     pub tag: u64,
     /// Its RADOS address, as a blocklist names it.
     pub addr: String,
@@ -105,24 +108,25 @@ pub(crate) struct Incarnation {
     pub osdmap: Arc<osdmap::Fetcher>,
 }
 
-/// This process's RADOS client and the RBD images it serves.
+/// How this process reaches the cluster, and the RBD images it serves
+/// (each with a RADOS client of its own).
 #[derive(Debug)]
 pub struct Ceph {
     opts: GatewayOptions,
-    inc: RwLock<Arc<Incarnation>>,
-    /// Tags of earlier incarnations of this process.
-    past: Mutex<Vec<u64>>,
-    /// False while reconnecting: no connection is admitted.
+    /// A client for what concerns no image (whether this user may
+    /// blocklist), connected first so that a wrong configuration is said
+    /// before any image is opened.
+    probe: Arc<Cluster>,
+    /// The high 64 bits of every connection id this process issues.
+    tag: u64,
+    /// False until started and once stopping: no connection is admitted.
     serving: AtomicBool,
-    reopening: AtomicBool,
     stopping: AtomicBool,
     can_blocklist: AtomicBool,
     volumes: Mutex<Vec<Weak<RbdVolume>>>,
     started: OnceLock<Started>,
     /// The origin of the lease clock.
     epoch: Instant,
-    /// Whether the monitors answer this process's OSD map fetches.
-    reach: Mutex<osdmap::Reach>,
 }
 
 #[derive(Debug)]
@@ -157,19 +161,17 @@ impl Ceph {
             ]
             .map(|(k, v)| (k.to_owned(), v.to_owned())),
         );
-        let inc = incarnation(&opts.connect)?;
+        let probe = Arc::new(Cluster::connect(&opts.connect).map_err(|e| e.to_string())?);
         Ok(Arc::new(Self {
             opts,
-            inc: RwLock::new(Arc::new(inc)),
-            past: Mutex::new(Vec::new()),
+            probe,
+            tag: fresh_tag(),
             serving: AtomicBool::new(false),
-            reopening: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             can_blocklist: AtomicBool::new(false),
             volumes: Mutex::new(Vec::new()),
             started: OnceLock::new(),
             epoch: Instant::now(),
-            reach: Mutex::default(),
         }))
     }
 
@@ -215,7 +217,7 @@ impl Ceph {
                 .await
                 .map_err(|e| e.to_string())??;
         }
-        registry.set_tag(self.current().tag);
+        registry.set_tag(self.tag);
         self.serving.store(true, Ordering::SeqCst);
         for vol in self.writable() {
             tokio::spawn(lease_loop(self.clone(), vol));
@@ -235,18 +237,28 @@ impl Ceph {
         }
     }
 
-    pub(crate) fn current(&self) -> Arc<Incarnation> {
-        self.inc.read().unwrap_or_else(|p| p.into_inner()).clone()
+    /// Whether connection ids with `tag` are this process's.
+    pub(crate) fn own_tag(&self, tag: u64) -> bool {
+        self.tag == tag
     }
 
-    /// The tag of this process's current incarnation or of an earlier one.
-    pub(crate) fn own_tag(&self, tag: u64) -> bool {
-        self.current().tag == tag
-            || self
-                .past
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&tag)
+    /// The tag of the connection ids this process issues.
+    pub(crate) fn tag(&self) -> u64 {
+        self.tag
+    }
+
+    pub(crate) fn connect_options(&self) -> &ConnectOptions {
+        &self.opts.connect
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn registry(&self) -> Option<(&Arc<Registry>, &[String], &tokio::runtime::Handle)> {
+        self.started
+            .get()
+            .map(|s| (&s.registry, &s.portals[..], &s.runtime))
     }
 
     pub(crate) fn can_blocklist(&self) -> bool {
@@ -278,10 +290,10 @@ impl Ceph {
         self.epoch.elapsed()
     }
 
-    /// Whether connection `id` may be served: issued by the current
-    /// incarnation, which is serving.
+    /// Whether connection `id` may be served: issued by this process,
+    /// which is serving.
     pub(crate) fn admits(&self, id: ConnId) -> bool {
-        self.serving.load(Ordering::SeqCst) && Registry::tag_of(id) == self.current().tag
+        self.serving.load(Ordering::SeqCst) && Registry::tag_of(id) == self.tag
     }
 
     fn adopt(&self, vol: &Arc<RbdVolume>) {
@@ -313,7 +325,7 @@ impl Ceph {
     /// client has.
     fn probe_blocklist(&self) -> Result<bool, String> {
         let nonce = uuid::Uuid::new_v4().as_u128() as u32;
-        match self.current().cluster.blocklist_add(
+        match self.probe.blocklist_add(
             &format!("192.0.2.1:0/{nonce}"),
             Some(Duration::from_secs(1)),
         ) {
@@ -324,187 +336,27 @@ impl Ceph {
             )),
         }
     }
+}
 
-    /// For a barrier acknowledgement of incarnation `tag`: fetches the
-    /// newest OSD map, waiting at most [`ACK_WAIT`]. Fetches that keep
-    /// failing for a lease make the gateway stop serving, as if
-    /// blocklisted: it drains its connections and drops its barrier
-    /// watches, so fences of its images no longer wait for it, and rejoins
-    /// once the monitors answer.
-    pub(crate) fn fresh_osdmap(self: &Arc<Self>, tag: u64) -> Result<(), String> {
-        let inc = self.current();
-        if inc.tag != tag {
-            return Err("the watch belongs to an earlier RADOS client".into());
-        }
-        let began = self.clock();
-        let r = inc.osdmap.fresh(ACK_WAIT);
-        let mut reach = self.reach.lock().unwrap_or_else(|p| p.into_inner());
-        match &r {
-            Ok(()) => reach.answered(),
-            Err(e) => {
-                if reach.failed(began, self.clock(), self.lease()) {
-                    reach.answered();
-                    drop(reach);
-                    self.lost(
-                        tag,
-                        format!(
-                            "cut off from the monitors: no OSD map for {:?} ({e})",
-                            self.lease()
-                        ),
-                    );
-                }
-            }
-        }
-        r
+/// A random tag, never 0.
+fn fresh_tag() -> u64 {
+    let mut tag = uuid::Uuid::new_v4().as_u128() as u64;
+    while tag == 0 {
+        tag = uuid::Uuid::new_v4().as_u128() as u64;
     }
-
-    /// Another gateway asks incarnation `tag` to drop connections `ids`
-    /// (`fence.rs`): closes those it issued and returns once every request
-    /// they had received has ended. Runs on a barrier thread, not the
-    /// runtime's.
-    pub(crate) fn drop_conns(&self, tag: u64, ids: &[ConnId]) {
-        let Some(started) = self.started.get() else {
-            return;
-        };
-        let mine: Vec<ConnId> = ids
-            .iter()
-            .copied()
-            .filter(|id| Registry::tag_of(*id) == tag && self.current().tag == tag)
-            .collect();
-        if mine.is_empty() {
-            return;
-        }
-        info!(
-            connections = mine.len(),
-            "another gateway asks this one to drop connections a client fences: closing them"
-        );
-        started.runtime.block_on(started.registry.fence(&mine));
-    }
-
-    /// Incarnation `tag` lost its cluster connection or was blocklisted:
-    /// reconnect as a new one (once, however many report it).
-    pub(crate) fn lost(self: &Arc<Self>, tag: u64, why: String) {
-        if self.current().tag != tag || self.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        if self.reopening.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        let Some(started) = self.started.get() else {
-            self.reopening.store(false, Ordering::SeqCst);
-            return;
-        };
-        let me = self.clone();
-        started.runtime.spawn(async move {
-            me.reconnect(&why).await;
-            me.reopening.store(false, Ordering::SeqCst);
-        });
-    }
-
-    async fn reconnect(self: &Arc<Self>, why: &str) {
-        let Some(started) = self.started.get() else {
-            return;
-        };
-        self.serving.store(false, Ordering::SeqCst);
-        error!(
-            "this gateway lost its right to write ({why}): closing its connections \
-             unanswered; clients fail over, and it rejoins as a new RADOS client"
-        );
-        let mut cut = 0;
-        for vol in self.all() {
-            cut += started.registry.cut_export(&vol.export);
-        }
-        // Nothing of the old incarnation may still be running when the new
-        // one opens the images: a request that began before the cut would
-        // otherwise reach the new, unfenced client.
-        for conn in started.registry.list() {
-            let export = conn
-                .export
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            if export.is_some_and(|e| self.volume(&e).is_some()) {
-                conn.drain().await;
-            }
-        }
-        info!(connections = cut, "old connections drained");
-        // Nothing of the old incarnation runs: its barrier watches go, so
-        // that no fence waits for a gateway that no longer writes.
-        let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            for vol in me.all() {
-                vol.unwatch();
-            }
-        })
-        .await;
-        let mut delay = Duration::from_millis(200);
-        loop {
-            if self.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            let me = self.clone();
-            let portals = started.portals.clone();
-            match tokio::task::spawn_blocking(move || me.replace_incarnation(&portals)).await {
-                Ok(Ok(())) => break,
-                Ok(Err(e)) => warn!("reconnecting to the cluster: {e}; retrying in {delay:?}"),
-                Err(e) => warn!("reconnecting to the cluster: {e}"),
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-        started.registry.set_tag(self.current().tag);
-        self.serving.store(true, Ordering::SeqCst);
-        info!(addr = %self.current().addr, "rejoined as a new RADOS client");
-    }
-
-    /// Connects anew, reopens every image on the new client, writes the
-    /// new records; only then is the new incarnation current.
-    fn replace_incarnation(self: &Arc<Self>, portals: &[String]) -> Result<(), String> {
-        let inc = Arc::new(incarnation(&self.opts.connect)?);
-        let mut opened = Vec::new();
-        for vol in self.all() {
-            let io = inc
-                .cluster
-                .ioctx(&vol.spec.pool, vol.spec.namespace.as_deref())
-                .map_err(|e| format!("{}: {e}", vol.spec))?;
-            opened.push((vol.clone(), vol.reopen(io)?));
-        }
-        let old = std::mem::replace(
-            &mut *self.inc.write().unwrap_or_else(|p| p.into_inner()),
-            inc,
-        );
-        self.past
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(old.tag);
-        let mut old_handles = Vec::new();
-        for (vol, handle) in opened {
-            old_handles.push(vol.swap(handle));
-        }
-        // Closing images of a blocklisted client may wait on the cluster:
-        // not on this path.
-        std::thread::spawn(move || drop((old_handles, old)));
-        for vol in self.writable() {
-            join::join(&vol, portals)?;
-        }
-        Ok(())
-    }
+    tag
 }
 
 /// A fresh RADOS client with a fresh tag.
-fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
+pub(crate) fn incarnation(opts: &ConnectOptions) -> Result<Incarnation, String> {
     let cluster = Arc::new(Cluster::connect(opts).map_err(|e| e.to_string())?);
     let addr = cluster.addrs().map_err(|e| e.to_string())?;
     let gid = cluster.instance_id();
     let fetching = cluster.clone();
     let osdmap = osdmap::Fetcher::new(move || osdmap::latest(&fetching).map_err(|e| e.to_string()));
-    let mut tag = uuid::Uuid::new_v4().as_u128() as u64;
-    while tag == 0 {
-        tag = uuid::Uuid::new_v4().as_u128() as u64;
-    }
     Ok(Incarnation {
         cluster,
-        tag,
+        tag: fresh_tag(),
         addr,
         gid,
         osdmap,
@@ -520,14 +372,14 @@ async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
         if ceph.stopping.load(Ordering::SeqCst) {
             return;
         }
-        if !ceph.serving.load(Ordering::SeqCst) {
+        if !ceph.serving.load(Ordering::SeqCst) || !vol.serving() {
             continue;
         }
-        let tag = ceph.current().tag;
+        let tag = vol.current().tag;
         let v = vol.clone();
         match tokio::task::spawn_blocking(move || v.tick()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) if e.blocklisted() => ceph.lost(tag, format!("renewing the lease: {e}")),
+            Ok(Err(e)) if e.blocklisted() => vol.lost(tag, format!("renewing the lease: {e}")),
             Ok(Err(e)) => warn!("{}: renewing this gateway's lease: {e}", vol.spec),
             Err(e) => warn!("lease task: {e}"),
         }

@@ -2,7 +2,7 @@
 //! kept in the image's gateway registry; other gateways' portals and
 //! fencing their connections (`Peers`).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use braid_proto::braid_ns::{ConnId, InstanceId};
@@ -42,6 +42,15 @@ pub struct RbdVolume {
     pub(super) rewatching: AtomicBool,
     /// For metrics and status (`figures.rs`).
     pub(crate) counters: super::counters::Counters,
+    /// The image's own RADOS client (`client.rs`).
+    pub(super) inc: RwLock<Arc<super::Incarnation>>,
+    /// False while the image reconnects on a new client.
+    pub(super) serving: AtomicBool,
+    pub(super) reopening: AtomicBool,
+    /// Whether the monitors answer its client's OSD map fetches.
+    pub(super) reach: Mutex<super::osdmap::Reach>,
+    /// Bounds on braid's own RADOS operations of the image.
+    pub(super) deadlines: super::deadline::Deadlines,
 }
 
 /// The open image of the current incarnation.
@@ -83,7 +92,7 @@ impl RbdVolume {
         identity: Option<Uuid>,
     ) -> Result<Arc<Self>, String> {
         let read_only = read_only || spec.snap.is_some();
-        let inc = ceph.current();
+        let inc = Arc::new(super::incarnation(ceph.connect_options())?);
         let io = inc
             .cluster
             .ioctx(&spec.pool, spec.namespace.as_deref())
@@ -159,6 +168,11 @@ impl RbdVolume {
             writes: Arc::default(),
             rewatching: AtomicBool::new(false),
             counters: Default::default(),
+            inc: RwLock::new(inc),
+            serving: AtomicBool::new(true),
+            reopening: AtomicBool::new(false),
+            reach: Mutex::default(),
+            deadlines: Default::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
         vol.handle
@@ -254,7 +268,7 @@ impl RbdVolume {
     /// Writes this incarnation's record in the image's metadata (when it
     /// joins; `lease.rs`) and its first heartbeat.
     pub(crate) fn record(&self, portals: &[String]) -> braid_rbd::Result<()> {
-        let inc = self.ceph.current();
+        let inc = self.current();
         let (key, entry) = {
             let mut l = self.lease();
             l.seq += 1;
@@ -262,7 +276,8 @@ impl RbdVolume {
             let entry = Entry {
                 v: lease::VERSION,
                 scope: self.scope.clone(),
-                tag: inc.tag,
+                tag: self.ceph.tag(),
+                client: inc.tag,
                 addr: inc.addr.clone(),
                 gid: inc.gid,
                 portals: portals.to_vec(),
@@ -274,7 +289,10 @@ impl RbdVolume {
             };
             (key, entry)
         };
-        self.image().metadata_set(&key, &entry.to_json())?;
+        let (image, k, json) = (self.image(), key.clone(), entry.to_json());
+        self.bounded("writing this gateway's record", move || {
+            image.metadata_set(&k, &json)
+        })?;
         self.lease().own = Some(key);
         self.beat()
     }
@@ -285,20 +303,25 @@ impl RbdVolume {
         let (key, seq) = {
             let mut l = self.lease();
             l.seq += 1;
-            (lease::key(self.ceph.current().tag), l.seq)
+            (lease::key(self.current().tag), l.seq)
         };
         let oid = super::barrier::object(&self.image_id);
+        let io = self.ioctx();
         self.counters.renewal(|| {
-            self.ioctx()
-                .omap_set(&oid, &key, seq.to_string().as_bytes())
+            self.bounded("renewing this gateway's lease", move || {
+                io.omap_set(&oid, &key, seq.to_string().as_bytes())
+            })
         })
     }
 
     /// Removes the record under `key` and its heartbeat.
     pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
-        self.image().metadata_remove(key)?;
-        self.ioctx()
-            .omap_remove(&super::barrier::object(&self.image_id), key)
+        let (image, io) = (self.image(), self.ioctx());
+        let (key, oid) = (key.to_owned(), super::barrier::object(&self.image_id));
+        self.bounded("removing a gateway record", move || {
+            image.metadata_remove(&key)?;
+            io.omap_remove(&oid, &key)
+        })
     }
 
     /// Takes this incarnation's record back (a join that met another).
@@ -315,15 +338,15 @@ impl RbdVolume {
     /// out.
     pub(crate) fn look(&self) -> braid_rbd::Result<lease::View> {
         let image = self.image();
-        let listed = image.metadata_list(lease::PREFIX)?;
+        let listed = self.records()?;
         // Read after the records: a record's first heartbeat is written
         // after it, so a record listed is never judged without it.
-        let beats = lease::heartbeats(
-            &self
-                .ioctx()
-                .omap_list(&super::barrier::object(&self.image_id), lease::PREFIX)?,
-        );
-        let own = lease::key(self.ceph.current().tag);
+        let (io, oid) = (self.ioctx(), super::barrier::object(&self.image_id));
+        let beats =
+            lease::heartbeats(&self.bounded("reading the lease heartbeats", move || {
+                io.omap_list(&oid, lease::PREFIX)
+            })?);
+        let own = lease::key(self.current().tag);
         let now = self.ceph.clock();
         let view = {
             let mut l = self.lease();
@@ -371,7 +394,7 @@ impl RbdVolume {
                         e.host,
                         e.pid,
                         self.rbd_name(),
-                        lease::key(e.tag)
+                        e.key()
                     );
                 }
                 continue;
@@ -470,18 +493,23 @@ impl RbdVolume {
         match seen {
             None => Ok(()),
             Some(Ok(age)) if age < self.ceph.watch_timeout() / 2 => Ok(()),
-            Some(Ok(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
+            Some(Ok(_)) => self.check(super::osdmap::latest(&self.current().cluster)),
             Some(Err(e)) if e.blocklisted() => {
-                self.ceph.lost(
-                    self.ceph.current().tag,
-                    format!("{}: the barrier watch broke: {e}", self.spec),
-                );
+                self.lost_now(format!("{}: the barrier watch broke: {e}", self.spec));
                 Err(std::io::Error::from_raw_os_error(braid_rbd::EBLOCKLISTED))
             }
             // Lapsed, not refused (the OSDs stalled): until it is watched
             // again (`watching.rs`), every write fetches the newest map
             // first, which is what a barrier would have made it do.
-            Some(Err(_)) => self.check(super::osdmap::latest(&self.ceph.current().cluster)),
+            Some(Err(_)) => self.check(super::osdmap::latest(&self.current().cluster)),
+        }
+    }
+
+    /// The image's current client was found blocklisted, on a path that
+    /// holds no `Arc` of the image.
+    fn lost_now(&self, why: String) {
+        if let Some(vol) = self.ceph.volume(&self.export) {
+            vol.lost(vol.current().tag, why);
         }
     }
 
@@ -498,22 +526,35 @@ impl RbdVolume {
     /// Takes a librbd error: a blocklisted client makes the gateway
     /// reconnect as a new one.
     pub(crate) fn check<T>(&self, r: braid_rbd::Result<T>) -> std::io::Result<T> {
-        checked(&self.ceph, &self.spec, r)
+        checked(&self.ceph, &self.export, &self.spec, None, r)
     }
 
     /// [`Self::check`] for a completion, which runs on a librbd thread.
     pub(crate) fn checker(
         &self,
     ) -> impl FnOnce(braid_rbd::Result<()>) -> std::io::Result<()> + Send + 'static {
-        let (ceph, spec) = (self.ceph.clone(), self.spec.clone());
-        move |r| checked(&ceph, &spec, r)
+        // The client the operation went to: a completion of an earlier
+        // one does not make the current one reconnect.
+        let tag = self.current().tag;
+        let (ceph, export, spec) = (self.ceph.clone(), self.export.clone(), self.spec.clone());
+        move |r| checked(&ceph, &export, &spec, Some(tag), r)
     }
 }
 
-fn checked<T>(ceph: &Arc<Ceph>, spec: &RbdSpec, r: braid_rbd::Result<T>) -> std::io::Result<T> {
+/// Takes a librbd error of export `export`'s client `tag` (`None`: the
+/// current one).
+fn checked<T>(
+    ceph: &Arc<Ceph>,
+    export: &str,
+    spec: &RbdSpec,
+    tag: Option<u64>,
+    r: braid_rbd::Result<T>,
+) -> std::io::Result<T> {
     r.map_err(|e| {
         if e.blocklisted() {
-            ceph.lost(ceph.current().tag, format!("{spec}: {e}"));
+            if let Some(vol) = ceph.volume(export) {
+                vol.lost(tag.unwrap_or(vol.current().tag), format!("{spec}: {e}"));
+            }
         }
         e.into()
     })
@@ -553,7 +594,7 @@ impl Peers for RbdVolume {
     }
 
     fn admits(&self, id: ConnId) -> bool {
-        self.ceph.admits(id)
+        self.serving.load(Ordering::SeqCst) && self.ceph.admits(id)
     }
 
     fn figures(&self) -> Option<braid_store::peer_figures::PeerFigures> {

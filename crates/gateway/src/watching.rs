@@ -33,13 +33,12 @@ impl RbdVolume {
         Ok(())
     }
 
-    /// Registers a watch of the barrier object for the current
-    /// incarnation, without counting on it yet.
+    /// Registers a watch of the barrier object for the image's current
+    /// client, without counting on it yet.
     fn register(self: &Arc<Self>) -> Result<Watch, String> {
         let io = self.ioctx();
-        let ceph = Arc::downgrade(&self.ceph);
         let me = Arc::downgrade(self);
-        let tag = self.ceph.current().tag;
+        let tag = self.current().tag;
         let reader = me.clone();
         let changed = move || {
             if let Some(vol) = reader.upgrade() {
@@ -48,6 +47,7 @@ impl RbdVolume {
                 }
             }
         };
+        let lost = me.clone();
         let broken = move |err| {
             if err != braid_rbd::EBLOCKLISTED {
                 if let Some(vol) = me.upgrade() {
@@ -55,8 +55,8 @@ impl RbdVolume {
                 }
                 return;
             }
-            if let Some(ceph) = ceph.upgrade() {
-                ceph.lost(
+            if let Some(vol) = lost.upgrade() {
+                vol.lost(
                     tag,
                     format!(
                         "the watch on the barrier object broke ({})",
@@ -65,15 +65,15 @@ impl RbdVolume {
                 );
             }
         };
-        let ceph = Arc::downgrade(&self.ceph);
-        let fresh = move || match ceph.upgrade() {
-            Some(ceph) => ceph.fresh_osdmap(tag),
+        let vol = Arc::downgrade(self);
+        let fresh = move || match vol.upgrade() {
+            Some(vol) => vol.fresh_osdmap(tag),
             None => Err("the gateway is stopping".into()),
         };
-        let ceph = Arc::downgrade(&self.ceph);
+        let vol = Arc::downgrade(self);
         let drop_conns = move |ids: Vec<ConnId>| {
-            if let Some(ceph) = ceph.upgrade() {
-                ceph.drop_conns(tag, &ids);
+            if let Some(vol) = vol.upgrade() {
+                vol.drop_conns(tag, &ids);
             }
         };
         let timeout = self.ceph.watch_timeout();
@@ -131,14 +131,14 @@ impl RbdVolume {
             .name("braid-rewatch".into())
             .spawn(move || {
                 let mut delay = Duration::from_millis(200);
-                while me.ceph.current().tag == tag && !me.ceph.stopping.load(Ordering::SeqCst) {
+                while me.current().tag == tag && !me.ceph.stopping() {
                     let again = me.register().and_then(|w| {
-                        super::osdmap::latest(&me.ceph.current().cluster)
+                        super::osdmap::latest(&me.current().cluster)
                             .map_err(|e| format!("{}: {e}", me.spec))?;
                         Ok(w)
                     });
                     match again {
-                        Ok(w) if me.ceph.current().tag == tag => {
+                        Ok(w) if me.current().tag == tag => {
                             me.install(w);
                             info!("{}: the barrier object is watched again", me.spec);
                             break;

@@ -278,6 +278,16 @@ impl Cluster {
         String::from_utf8_lossy(&answer).into_owned()
     }
 
+    /// Lines of `ceph osd blocklist ls` that name one of `addrs`.
+    pub fn blocklisted(&self, addrs: &[String]) -> Vec<String> {
+        let out = self.tool("ceph", &["osd", "blocklist", "ls"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| addrs.iter().any(|a| l.starts_with(a.as_str())))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// A configuration file for this cluster with `lines` added to its
     /// `[client]` section.
     pub fn conf_with(&self, name: &str, lines: &str) -> PathBuf {

@@ -289,3 +289,44 @@ pub async fn check_acknowledged(vol: &Volume, log: &RunLog, bs: usize) -> Vec<St
     }
     bad
 }
+
+/// A verified write load of [`BS`] blocks on the volume at `uri`
+/// (opened with `cfg`) for `duration`, with `during` run 2 s in; every
+/// acknowledged block is read back through the volume. Returns the run
+/// and the versions acknowledged last.
+pub fn under_load(
+    uri: &str,
+    cfg: impl FnOnce(&mut braid_initiator::VolumeConfig),
+    depth: usize,
+    duration: Duration,
+    during: impl FnOnce(),
+) -> (RunLog, Vec<(u64, u64)>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let out = rt.block_on(async {
+        let vol = open(uri, cfg).await;
+        let w = Workload {
+            blocks: 128,
+            bs: BS,
+            depth,
+            duration,
+        };
+        let load = tokio::spawn(run(vol.clone(), w, Instant::now()));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::task::block_in_place(during);
+        let log = load.await.unwrap();
+        let bad = check_acknowledged(&vol, &log, BS).await;
+        assert!(bad.is_empty(), "{bad:?}");
+        let acked: Vec<(u64, u64)> = log.acked.iter().map(|(b, (v, _))| (*b, *v)).collect();
+        vol.close().await;
+        (log, acked)
+    });
+    eprintln!("the load took {:?}", started.elapsed());
+    out
+}
+
+pub const BS: usize = 64 * 1024;
