@@ -56,6 +56,6 @@ pub use iscsi::IscsiUri;
 pub use pathrule::{PathAttrs, PathRule};
 pub use uri::{Endpoint, NbdUri, VolumeUri};
 pub use volume::{
-    plan, Done, EventKind, Loss, OpenError, PathFigures, Plan, PolicyError, ReplayReport, Timeline,
-    TimelineEvent, Volume, VolumeConfig, VolumeInfo, VolumeReport,
+    plan, Done, EventKind, Finish, Loss, OpenError, PathFigures, Plan, PolicyError, ReplayReport,
+    Timeline, TimelineEvent, Volume, VolumeConfig, VolumeInfo, VolumeReport,
 };

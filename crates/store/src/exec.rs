@@ -20,7 +20,7 @@ use bytes::Bytes;
 use crate::backend::{Backend, Extent, ZeroError};
 use crate::export::Export;
 use crate::rangelock::RangeLock;
-use crate::storage::{Abilities, Done, OnHost, Storage, Submitted};
+use crate::storage::{Abilities, Done, Finished, OnHost, Storage, Submitted};
 
 pub use crate::storage::Job;
 
@@ -42,19 +42,35 @@ pub type Found = Vec<Extent>;
 /// calls cannot block (so a front end that polls it once finds it done),
 /// otherwise on a blocking thread.
 pub fn submit(export: &Arc<Export>, job: Job, payload: Option<Bytes>) -> Submitted {
-    if job.op == Op::BlockStatus {
-        if job.len == 0 {
-            return Box::pin(std::future::ready(Err(Error::new(
-                ErrorKind::Invalid,
-                "block status of length 0",
-            ))));
-        }
-        if !export.storage.abilities().block_status {
-            // Nothing known: all data, which is always a correct answer.
-            return Box::pin(std::future::ready(Ok(Done::default())));
-        }
+    if let Some(answer) = answered_here(export, &job) {
+        return Box::pin(std::future::ready(answer));
     }
     export.storage.submit(&export.writes, job, payload)
+}
+
+/// [`submit`], telling `done` the result from whichever task finishes
+/// the job (see [`Storage::start`]).
+pub fn start(export: &Arc<Export>, job: Job, payload: Option<Bytes>, done: Finished) {
+    match answered_here(export, &job) {
+        Some(answer) => done(answer),
+        None => export.storage.start(&export.writes, job, payload, done),
+    }
+}
+
+/// The answer to a job that no storage is asked: a BLOCK STATUS of
+/// nothing, or of storage that knows no allocation.
+fn answered_here(export: &Export, job: &Job) -> Option<Result<Done, Error>> {
+    if job.op != Op::BlockStatus {
+        return None;
+    }
+    if job.len == 0 {
+        return Some(Err(Error::new(
+            ErrorKind::Invalid,
+            "block status of length 0",
+        )));
+    }
+    // Nothing known: all data, which is always a correct answer.
+    (!export.storage.abilities().block_status).then(|| Ok(Done::default()))
 }
 
 /// Runs `job` on `backend`, the storage of `export`, on the calling

@@ -31,7 +31,7 @@ pub mod storage;
 pub use capabilities::Capabilities;
 pub use export::{Export, Exports, PeerFence, Peers};
 pub use limits::Limits;
-pub use storage::{Abilities, Done, Geometry, OnHost, Storage, Submitted};
+pub use storage::{Abilities, Done, Finished, Geometry, OnHost, Storage, Submitted};
 
 /// Whether this build has the test hooks (`Registry::hold`,
 /// `RangeLock::pause`, the gateway's blocklist switch): only test builds.

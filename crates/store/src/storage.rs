@@ -99,6 +99,9 @@ pub struct Done {
 /// A job under way.
 pub type Submitted = Pin<Box<dyn Future<Output = Result<Done, Error>> + Send>>;
 
+/// Told a started job's result, once, by whichever task finished it.
+pub type Finished = Box<dyn FnOnce(Result<Done, Error>) + Send>;
+
 /// Where an export's operations are carried out.
 ///
 /// An error of kind [`braid_block::ErrorKind::ShuttingDown`] means this
@@ -132,6 +135,16 @@ pub trait Storage: Send + Sync + Debug {
     /// `writes` is the export's range lock, which writes on this host hold
     /// while they run.
     fn submit(&self, writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted;
+
+    /// Carries out one job as [`Self::submit`] does, and tells `done` its
+    /// result from whichever task finishes it. Storage whose jobs end on
+    /// tasks of its own (a multipath volume's path readers) answers from
+    /// there, so that a front end keeps no task waiting per job; the
+    /// default waits for [`Self::submit`] on a task.
+    fn start(&self, writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>, done: Finished) {
+        let job = self.submit(writes, job, payload);
+        tokio::spawn(async move { done(job.await) });
+    }
 }
 
 /// A backend on this host as storage (the executor carries out its jobs,

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use braid_proto::TransmissionFlags;
 use braid_store::exec::Job;
 use braid_store::rangelock::RangeLock;
-use braid_store::{Abilities, Done, Geometry, Storage, Submitted};
+use braid_store::{Abilities, Done, Finished, Geometry, Storage, Submitted};
 use bytes::Bytes;
 
-use braid_initiator::Volume;
+use braid_initiator::{Finish, IoError, Volume};
 
 /// The volume as the storage behind an export.
 pub struct VolumeForward(pub Arc<Volume>);
@@ -59,14 +59,27 @@ impl Storage for VolumeForward {
     fn submit(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted {
         let vol = self.0.clone();
         Box::pin(async move {
-            let done = vol
-                .submit(job.op, job.offset, job.len, job.flags, payload)
-                .await
-                .map_err(|e| braid_block::Error::new(e.kind(), e.to_string()))?;
-            Ok(Done {
-                data: done.data,
-                extents: done.extents,
-            })
+            done(
+                vol.submit(job.op, job.offset, job.len, job.flags, payload)
+                    .await,
+            )
         })
     }
+
+    /// The reply leaves from the path reader that completed the request:
+    /// no task waits for it here.
+    fn start(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>, tell: Finished) {
+        let finish = Finish::new(move |result| tell(done(result)));
+        self.0
+            .start(job.op, job.offset, job.len, job.flags, payload, finish);
+    }
+}
+
+/// What the volume brought back, in the store's terms.
+fn done(result: Result<braid_initiator::Done, IoError>) -> Result<Done, braid_block::Error> {
+    let done = result.map_err(|e| braid_block::Error::new(e.kind(), e.to_string()))?;
+    Ok(Done {
+        data: done.data,
+        extents: done.extents,
+    })
 }

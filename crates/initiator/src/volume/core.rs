@@ -36,7 +36,62 @@ pub(crate) struct Pending {
     /// The chunk each of `done.data`'s pieces came in on, so that what a
     /// chunk brought can be dropped when it is read again.
     pub sources: Vec<u64>,
-    pub tx: Option<oneshot::Sender<Result<Done, IoError>>>,
+    pub finish: Finish,
+}
+
+/// Who is told that a request completed, and with what: called once,
+/// from the task that completed it (a path's reader, mostly) with the
+/// volume's lock held, so it must be short and must not reach into the
+/// volume. A front end answers its client from there, with no task of its
+/// own waiting per request. Dropped uncalled (the volume closed under
+/// it), it is told so.
+pub struct Finish(Option<Told>);
+
+type Told = Box<dyn FnOnce(Result<Done, IoError>) + Send>;
+
+impl Finish {
+    pub fn new(f: impl FnOnce(Result<Done, IoError>) + Send + 'static) -> Self {
+        Self(Some(Box::new(f)))
+    }
+
+    pub fn call(mut self, result: Result<Done, IoError>) {
+        if let Some(f) = self.0.take() {
+            f(result);
+        }
+    }
+
+    /// What a waiting caller awaits instead.
+    pub(crate) fn channel() -> (Self, oneshot::Receiver<Result<Done, IoError>>) {
+        let (tx, rx) = oneshot::channel();
+        (
+            Self::new(move |r| {
+                let _ = tx.send(r);
+            }),
+            rx,
+        )
+    }
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(Err(closed()));
+        }
+    }
+}
+
+/// What a request left unanswered by a closed volume fails with.
+pub(crate) fn closed() -> IoError {
+    IoError::Target {
+        kind: ErrorKind::Io,
+        message: "the volume was closed".into(),
+    }
+}
+
+impl std::fmt::Debug for Finish {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Finish")
+    }
 }
 
 pub(crate) struct PathIo {
@@ -168,20 +223,24 @@ impl Core {
     }
 
     fn complete(&mut self, req: ReqId, result: Result<(), IoError>) {
-        let Some(mut p) = self.reqs.remove(&req.0) else {
+        let Some(p) = self.reqs.remove(&req.0) else {
             return;
         };
+        let Pending {
+            op,
+            len,
+            done,
+            finish,
+            ..
+        } = p;
         let result = result.and_then(|()| {
-            let done = std::mem::take(&mut p.done);
-            if p.op == Op::Read {
-                assemble(done, p.len)
+            if op == Op::Read {
+                assemble(done, len)
             } else {
                 Ok(done)
             }
         });
-        if let Some(tx) = p.tx.take() {
-            let _ = tx.send(result);
-        }
+        finish.call(result);
     }
 }
 
@@ -380,49 +439,41 @@ pub(crate) fn signal(shared: &Arc<Shared>, path: PathId, s: Signal) {
     }
 }
 
-/// Submits one request and waits for it.
-pub(crate) async fn submit(
+/// Submits one request; `finish` is told when it completes.
+pub(crate) fn start(
     shared: &Arc<Shared>,
     op: Op,
     offset: u64,
     len: u64,
     flags: Flags,
     write: Option<Bytes>,
-) -> Result<Done, IoError> {
-    let (tx, rx) = oneshot::channel();
-    {
-        let mut core = shared.lock();
-        let now = shared.now();
-        let payload = write.map(|data| {
-            // Writes come in pooled buffers of the next size class: the
-            // replay window counts what its slices keep alive.
-            let pinned = braid_pool::Pool::pinned(data.len());
-            crate::engine::Payload { data, pinned }
-        });
-        let submit = crate::engine::Submit {
-            op,
-            offset,
-            len,
-            flags,
-            payload,
-        };
-        let pending = Pending {
-            op,
-            len,
-            done: Done::default(),
-            sources: Vec::new(),
-            tx: Some(tx),
-        };
-        let id = core.engine.submit(now, submit);
-        core.reqs.insert(id.0, pending);
-        core.act(shared);
-    }
-    rx.await.unwrap_or_else(|_| {
-        Err(IoError::Target {
-            kind: ErrorKind::Io,
-            message: "the volume was closed".into(),
-        })
-    })
+    finish: Finish,
+) {
+    let mut core = shared.lock();
+    let now = shared.now();
+    let payload = write.map(|data| {
+        // Writes come in pooled buffers of the next size class: the
+        // replay window counts what its slices keep alive.
+        let pinned = braid_pool::Pool::pinned(data.len());
+        crate::engine::Payload { data, pinned }
+    });
+    let submit = crate::engine::Submit {
+        op,
+        offset,
+        len,
+        flags,
+        payload,
+    };
+    let pending = Pending {
+        op,
+        len,
+        done: Done::default(),
+        sources: Vec::new(),
+        finish,
+    };
+    let id = core.engine.submit(now, submit);
+    core.reqs.insert(id.0, pending);
+    core.act(shared);
 }
 
 #[cfg(test)]

@@ -51,8 +51,8 @@ use crate::pathrule::PathRule;
 use crate::uri::VolumeUri;
 
 pub use self::admin::PolicyError;
-pub use self::core::Done;
 use self::core::Shared;
+pub use self::core::{Done, Finish};
 pub use self::plan::{plan, Plan};
 pub use self::report::{Loss, PathFigures, ReplayReport, VolumeReport};
 pub use self::timeline::{EventKind, Timeline, TimelineEvent};
@@ -227,8 +227,8 @@ impl Volume {
         &self.info
     }
 
-    /// Submits any request; the building block of the calls below, and
-    /// what a local NBD front end forwards requests through.
+    /// Submits any request and waits for it; the building block of the
+    /// calls below.
     ///
     /// # Errors
     ///
@@ -244,6 +244,24 @@ impl Volume {
         flags: Flags,
         write: Option<Bytes>,
     ) -> Result<Done, IoError> {
+        let (finish, rx) = Finish::channel();
+        self.start(op, offset, len, flags, write, finish);
+        rx.await.unwrap_or_else(|_| Err(core::closed()))
+    }
+
+    /// Submits any request; `finish` is told its result (as
+    /// [`Self::submit`] returns it) from the task that completes it. What
+    /// a local NBD front end forwards requests through: its reply goes
+    /// out from the path's reader, with no task waiting per request.
+    pub fn start(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        flags: Flags,
+        write: Option<Bytes>,
+        finish: Finish,
+    ) {
         let offered = match op {
             Op::BlockStatus => self.info.block_status,
             Op::Trim => self.info.flags.has(TransmissionFlags::SEND_TRIM),
@@ -252,57 +270,62 @@ impl Volume {
             Op::Read | Op::Write | Op::Flush => true,
         };
         if !offered {
-            return Err(IoError::Target {
+            return finish.call(Err(IoError::Target {
                 kind: ErrorKind::NotSupported,
                 message: format!("the target does not offer {op:?}"),
-            });
+            }));
         }
         let block = u64::from(self.info.min_block.max(1));
         if block > 1 && !(offset.is_multiple_of(block) && len.is_multiple_of(block)) {
             match op {
-                Op::Read => return self.read_widened(offset, len, block).await,
+                Op::Read => return self.read_widened(offset, len, block, finish),
                 Op::Write | Op::WriteZeroes | Op::Trim => {
-                    return Err(IoError::Target {
+                    return finish.call(Err(IoError::Target {
                         kind: ErrorKind::Invalid,
                         message: format!(
                             "{len} bytes at {offset} are not whole {block}-byte blocks, the \
                              smallest the target writes"
                         ),
-                    })
+                    }))
                 }
                 _ => {}
             }
         }
-        core::submit(&self.shared, op, offset, len, flags, write).await
+        core::start(&self.shared, op, offset, len, flags, write, finish);
     }
 
     /// A read widened to whole blocks, cut back to what was asked.
-    async fn read_widened(&self, offset: u64, len: u64, block: u64) -> Result<Done, IoError> {
+    fn read_widened(&self, offset: u64, len: u64, block: u64, finish: Finish) {
         let start = offset / block * block;
         let end = (offset + len).div_ceil(block) * block;
-        let done = core::submit(
+        let (from, to) = (offset - start, offset - start + len);
+        let cut = Finish::new(move |result: Result<Done, IoError>| {
+            finish.call(result.map(|done| {
+                let data = done
+                    .data
+                    .into_iter()
+                    .filter_map(|(at, b)| {
+                        let end = at + b.len() as u64;
+                        let (lo, hi) = (at.max(from), end.min(to));
+                        (lo < hi)
+                            .then(|| (lo - from, b.slice((lo - at) as usize..(hi - at) as usize)))
+                    })
+                    .collect();
+                Done {
+                    data,
+                    extents: done.extents,
+                }
+            }));
+        });
+        core::start(
             &self.shared,
             Op::Read,
             start,
             end - start,
             Flags::empty(),
             None,
-        )
-        .await?;
-        let (from, to) = (offset - start, offset - start + len);
-        let data = done
-            .data
-            .into_iter()
-            .filter_map(|(at, b)| {
-                let end = at + b.len() as u64;
-                let (lo, hi) = (at.max(from), end.min(to));
-                (lo < hi).then(|| (lo - from, b.slice((lo - at) as usize..(hi - at) as usize)))
-            })
-            .collect();
-        Ok(Done {
-            data,
-            extents: done.extents,
-        })
+            cut,
+        );
     }
 
     /// Reads `len` bytes at `offset`; the pieces come back in order.

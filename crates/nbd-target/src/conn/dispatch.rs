@@ -70,9 +70,10 @@ impl Reader {
         self.export.storage.backend().is_some_and(|b| b.blocking())
     }
 
-    /// Runs `req` through the executor on storage that has no backend on
-    /// this host (a multipath volume), as a task: its reply is built from
-    /// what comes back.
+    /// Starts `req` through the executor on storage that has no backend on
+    /// this host (a multipath volume); its reply is built and queued by
+    /// whichever task finishes it (the volume's path reader), with no task
+    /// of its own waiting per request.
     fn submit(&self, req: Request, payload: Option<Buf>, permits: Permits) {
         let (conn, export, style, tx) = (
             self.conn.clone(),
@@ -80,27 +81,44 @@ impl Reader {
             self.style.clone(),
             self.tx.clone(),
         );
-        let task = tokio::spawn(async move {
-            conn.wait_unheld().await;
-            if !conn.fenced() {
-                let reply = match execute::job(&req) {
-                    Some(job) => {
-                        let done = exec::submit(&export, job, payload.map(Buf::into_bytes)).await;
-                        forwarded::reply(&style, &req, done)
-                    }
-                    None => {
-                        execute::error_reply(&style, req.cookie, Errno::Inval, "unknown command")
-                    }
-                };
+        let go = move || {
+            if conn.fenced() {
+                conn.end();
+                return;
+            }
+            let answer = move |reply: Reply| {
                 count(&conn, &req, &reply);
                 let _ = tx.send(Outgoing {
                     reply,
                     _permits: permits,
                 });
+                conn.end();
+            };
+            match execute::job(&req) {
+                Some(job) => exec::start(
+                    &export,
+                    job,
+                    payload.map(Buf::into_bytes),
+                    Box::new(move |done| answer(forwarded::reply(&style, &req, done))),
+                ),
+                None => answer(execute::error_reply(
+                    &style,
+                    req.cookie,
+                    Errno::Inval,
+                    "unknown command",
+                )),
             }
-            conn.end();
-        });
-        drop(task);
+        };
+        if self.conn.held() {
+            // Test hook (Registry::hold): wait off the reader, then start.
+            let held = self.conn.clone();
+            tokio::spawn(async move {
+                held.wait_unheld().await;
+                go();
+            });
+        } else {
+            go();
+        }
     }
 
     /// The work of one request: run it unless fenced, send the reply.
