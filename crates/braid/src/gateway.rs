@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use braid_nbd_target::Target;
 use braid_store::backend::Backend;
+use braid_store::registry::Registry;
 use braid_store::source::RbdSpec;
 use braid_store::Peers;
 use uuid::Uuid;
@@ -109,18 +110,21 @@ impl Gateway {
     }
 
     /// Joins every image's gateways; call after binding, before serving.
+    /// `iscsi` is the iSCSI sessions' registry, which the gateway's fences
+    /// reach as they reach NBD's connections.
     ///
     /// # Errors
     ///
     /// An image cannot be served beside the gateways already there.
-    pub async fn start(&self, target: &Target) -> Result<()> {
+    pub async fn start(&self, target: &Target, iscsi: &Arc<Registry>) -> Result<()> {
         #[cfg(feature = "rbd")]
         if let Some(ceph) = &self.ceph {
-            ceph.start(target.registry(), target.advertised_portals().to_vec())
+            let registries = vec![target.registry(), iscsi.clone()];
+            ceph.start(registries, target.advertised_portals().to_vec())
                 .await
                 .map_err(anyhow::Error::msg)?;
         }
-        let _ = target;
+        let _ = (target, iscsi);
         Ok(())
     }
 

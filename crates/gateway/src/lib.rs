@@ -126,7 +126,9 @@ pub struct Ceph {
 
 #[derive(Debug)]
 struct Started {
-    registry: Arc<Registry>,
+    /// The connection registries of every front end (NBD's, iSCSI's):
+    /// each fence, cut and drain covers them all.
+    registries: Vec<Arc<Registry>>,
     portals: Vec<String>,
     runtime: tokio::runtime::Handle,
 }
@@ -173,7 +175,8 @@ impl Ceph {
     }
 
     /// Joins every writable image's gateway registry, then admits
-    /// connections. Call once the portals are bound and before serving.
+    /// connections. Call once the portals are bound and before serving;
+    /// `registries` are where every front end keeps its connections.
     ///
     /// # Errors
     ///
@@ -181,7 +184,7 @@ impl Ceph {
     /// and another is there; a record cannot be written.
     pub async fn start(
         self: &Arc<Self>,
-        registry: Arc<Registry>,
+        registries: Vec<Arc<Registry>>,
         portals: Vec<String>,
     ) -> Result<(), String> {
         let me = self.clone();
@@ -204,7 +207,7 @@ impl Ceph {
             );
         }
         let _ = self.started.set(Started {
-            registry: registry.clone(),
+            registries: registries.clone(),
             portals: portals.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
@@ -214,7 +217,9 @@ impl Ceph {
                 .await
                 .map_err(|e| e.to_string())??;
         }
-        registry.set_tag(self.current().tag);
+        for r in &registries {
+            r.set_tag(self.current().tag);
+        }
         self.serving.store(true, Ordering::SeqCst);
         for vol in self.writable() {
             tokio::spawn(lease_loop(self.clone(), vol));
@@ -377,7 +382,11 @@ impl Ceph {
             connections = mine.len(),
             "another gateway asks this one to drop connections a client fences: closing them"
         );
-        started.runtime.block_on(started.registry.fence(&mine));
+        started.runtime.block_on(async {
+            for r in &started.registries {
+                r.fence(&mine).await;
+            }
+        });
     }
 
     /// Incarnation `tag` lost its cluster connection or was blocklisted:
@@ -411,12 +420,14 @@ impl Ceph {
         );
         let mut cut = 0;
         for vol in self.all() {
-            cut += started.registry.cut_export(&vol.export);
+            for r in &started.registries {
+                cut += r.cut_export(&vol.export);
+            }
         }
         // Nothing of the old incarnation may still be running when the new
         // one opens the images: a request that began before the cut would
         // otherwise reach the new, unfenced client.
-        for conn in started.registry.list() {
+        for conn in started.registries.iter().flat_map(|r| r.list()) {
             let export = conn
                 .export
                 .lock()
@@ -451,7 +462,9 @@ impl Ceph {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
-        started.registry.set_tag(self.current().tag);
+        for r in &started.registries {
+            r.set_tag(self.current().tag);
+        }
         self.serving.store(true, Ordering::SeqCst);
         info!(addr = %self.current().addr, "rejoined as a new RADOS client");
     }

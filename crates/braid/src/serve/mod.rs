@@ -428,8 +428,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             );
         }
+        // iSCSI sessions are registered apart from NBD's connections, and
+        // a gateway's fences reach both.
+        let iscsi_sessions = Arc::new(braid_store::registry::Registry::new());
         // In every RBD image's gateway registry before a client can come.
-        gateway.start(&target).await?;
+        gateway.start(&target, &iscsi_sessions).await?;
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
@@ -441,6 +444,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     limits: cfg.limits.clone(),
                     instance: target.instance().0,
                     timers: cfg.iscsi_timers,
+                    connections: iscsi_sessions,
                 };
                 Some(iscsi::start(&target, &portals, port, settings).await?)
             }
