@@ -101,12 +101,14 @@ fn a_blocklisted_gateway_drains_its_iscsi_sessions_before_it_reconnects() {
     // RADOS client by now, and the held write would go out through it.
     let rejoined_early = logs(&b, "rejoined as a new RADOS client", Duration::from_secs(5));
     std::fs::remove_file(&hold).unwrap();
-    let said = via_b.last_words(Duration::from_secs(20)).unwrap_or_else(|| {
-        panic!(
-            "B kept its iSCSI session open after it was blocklisted:\n{}",
-            b.log()
-        )
-    });
+    let said = via_b
+        .last_words(Duration::from_secs(20))
+        .unwrap_or_else(|| {
+            panic!(
+                "B kept its iSCSI session open after it was blocklisted:\n{}",
+                b.log()
+            )
+        });
     assert!(
         !said.iter().any(|p| p.bhs.itt() == held),
         "B answered the held write: {said:?}"
@@ -139,4 +141,103 @@ fn a_blocklisted_gateway_drains_its_iscsi_sessions_before_it_reconnects() {
     let mut again = Initiator::login(b_iscsi, TARGET);
     again.write10(0, &version(1));
     assert_eq!(held_version(&via_a.read10(0, 128)), 1);
+}
+
+/// COMPARE AND WRITE of one block at `lba`: `cmp`, then `data`.
+fn caw(i: &mut Initiator, lba: u64, cmp: &[u8], data: &[u8]) -> iscsikit::Reply {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x89;
+    cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+    cdb[13] = 1;
+    i.exec(&cdb, &[cmp, data].concat(), 0)
+}
+
+/// What initiator `who` (0 or 1) tries to write over `prev` in round
+/// `round`: `prev`'s bytes up to a point that moves each round, then its
+/// own, every one of them different from `prev`'s and from the other's.
+fn next_value(prev: &[u8], round: usize, who: u8) -> (Vec<u8>, usize) {
+    let from = round * 37 % 512;
+    let mut v = prev.to_vec();
+    for b in &mut v[from..] {
+        *b ^= 1 + who;
+    }
+    (v, from)
+}
+
+#[needs("ceph-mon")]
+fn compare_and_write_is_atomic_across_gateways() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("iscsi-caw", "16M", Some("layering"));
+    let (_a, a_iscsi) = gateway(c, &img, "15", &[]);
+    let (_b, b_iscsi) = gateway(c, &img, "15", &[]);
+    // In the image's second object, so that an offset librbd gave
+    // within the object would show.
+    let lba = (4u64 << 20) / 512 + 3;
+    let mut reader = Initiator::login(a_iscsi, TARGET);
+    let start = vec![0u8; 512];
+    let (to_a, to_b) = (std::sync::mpsc::channel(), std::sync::mpsc::channel());
+    let (back_tx, back) = std::sync::mpsc::channel();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let workers: Vec<_> = [(a_iscsi, to_a.1, 0u8), (b_iscsi, to_b.1, 1u8)]
+        .into_iter()
+        .map(|(addr, jobs, who)| {
+            let (go, back) = (go.clone(), back_tx.clone());
+            let who_name = format!("iqn.2026-11.org.braid-storage:racer-{who}");
+            std::thread::spawn(move || {
+                let mut i = Initiator::login_as(addr, TARGET, &iscsikit::who(&who_name, who));
+                for (cmp, data) in jobs {
+                    let (cmp, data): (Vec<u8>, Vec<u8>) = (cmp, data);
+                    go.wait();
+                    let r = caw(&mut i, lba, &cmp, &data);
+                    back.send((who, r)).unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut prev = start;
+    let mut wins = [0usize; 2];
+    for round in 0..100 {
+        let (mine_a, from) = next_value(&prev, round, 0);
+        let (mine_b, _) = next_value(&prev, round, 1);
+        to_a.0.send((prev.clone(), mine_a.clone())).unwrap();
+        to_b.0.send((prev.clone(), mine_b.clone())).unwrap();
+        let mut replies = [back.recv().unwrap(), back.recv().unwrap()];
+        replies.sort_by_key(|(who, _)| *who);
+        let good: Vec<u8> = replies
+            .iter()
+            .filter(|(_, r)| r.good())
+            .map(|(w, _)| *w)
+            .collect();
+        assert_eq!(
+            good.len(),
+            1,
+            "round {round}: exactly one wins: {replies:?}"
+        );
+        let winner = good[0];
+        let (_, lost) = &replies[usize::from(1 - winner)];
+        assert_eq!(
+            (lost.status, lost.sense),
+            (iscsikit::CHECK_CONDITION, Some((0x0e, 0x1d, 0x00))),
+            "round {round}: the other gets MISCOMPARE"
+        );
+        assert_eq!(
+            lost.information,
+            Some(from as u32),
+            "round {round}: the first byte that differed"
+        );
+        let written = if winner == 0 { mine_a } else { mine_b };
+        assert_eq!(
+            reader.read10(lba as u32, 1),
+            written,
+            "round {round}: the block holds what the winner wrote"
+        );
+        wins[usize::from(winner)] += 1;
+        prev = written;
+    }
+    drop((to_a.0, to_b.0));
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(img.export()[lba as usize * 512..][..512], prev[..]);
+    eprintln!("wins through A and B: {wins:?}");
 }
