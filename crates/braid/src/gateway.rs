@@ -128,6 +128,28 @@ impl Gateway {
         Ok(())
     }
 
+    /// Where this gateway's iSCSI port ids start: 256 times its range
+    /// among the gateways of its (first) image, which it keeps across
+    /// restarts by an identity of its own in `state_dir`; 0 without an
+    /// image to serve.
+    ///
+    /// # Errors
+    ///
+    /// The identity cannot be kept, or the range cannot be had.
+    pub async fn iscsi_port_offset(&self, state_dir: &std::path::Path) -> Result<u16> {
+        #[cfg(feature = "rbd")]
+        if let Some(ceph) = &self.ceph {
+            let me = identity(state_dir)?;
+            let ceph = ceph.clone();
+            let range = tokio::task::spawn_blocking(move || ceph.port_range(&me))
+                .await?
+                .map_err(anyhow::Error::msg)?;
+            return Ok(range.map_or(0, |r| r << 8));
+        }
+        let _ = state_dir;
+        Ok(0)
+    }
+
     /// Leaves every image's gateways; call once the target stopped.
     pub async fn stop(&self) {
         #[cfg(feature = "rbd")]
@@ -144,4 +166,32 @@ fn braid_rbd_options(s: &CephSettings) -> braid_gateway::ConnectOptions {
         id: s.id.clone(),
         settings: Vec::new(),
     }
+}
+
+/// This gateway's identity among an image's gateways, the same across
+/// restarts: a random one made at the first start and kept in the state
+/// directory (`gateway-identity`).
+#[cfg(feature = "rbd")]
+fn identity(state_dir: &std::path::Path) -> Result<String> {
+    use anyhow::Context;
+    let path = state_dir.join("gateway-identity");
+    match std::fs::read_to_string(&path) {
+        Ok(kept) if !kept.trim().is_empty() => return Ok(kept.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let made = Uuid::new_v4().simple().to_string();
+    let tmp = state_dir.join("gateway-identity.new");
+    std::fs::create_dir_all(state_dir)
+        .and_then(|()| std::fs::write(&tmp, format!("{made}\n")))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .with_context(|| {
+            format!(
+                "keeping this gateway's identity in {} (choose a writable --state-dir)",
+                path.display()
+            )
+        })?;
+    Ok(made)
 }

@@ -41,13 +41,27 @@ fn gateway(
     img: &cephkit::Image,
     lease: &str,
     env: &[(&str, &str)],
+    extra: &[&str],
 ) -> (Serve, std::net::SocketAddr) {
-    let port = free_port();
-    let g = c.gateway_env(
-        img,
-        &["--gateway-lease", lease, "--iscsi", &port.to_string()],
-        env,
-    );
+    gateway_on(c, img, lease, env, extra, free_port())
+}
+
+/// As [`gateway`], with iSCSI on `port`.
+fn gateway_on(
+    c: &cephkit::Cluster,
+    img: &cephkit::Image,
+    lease: &str,
+    env: &[(&str, &str)],
+    extra: &[&str],
+    port: u16,
+) -> (Serve, std::net::SocketAddr) {
+    let port_text = port.to_string();
+    let flags = [
+        &["--gateway-lease", lease, "--iscsi", &port_text][..],
+        extra,
+    ]
+    .concat();
+    let g = c.gateway_env(img, &flags, env);
     let addr = std::net::SocketAddr::new(g.addr().ip(), port);
     (g, addr)
 }
@@ -64,12 +78,13 @@ fn a_blocklisted_gateway_drains_its_iscsi_sessions_before_it_reconnects() {
     let dir = tempfile::tempdir().unwrap();
     let hold = dir.path().join("hold-writes");
     let hold_env = hold.display().to_string();
-    let (a, a_iscsi) = gateway(c, &img, "3", &[]);
+    let (a, a_iscsi) = gateway(c, &img, "3", &[], &[]);
     let (b, b_iscsi) = gateway(
         c,
         &img,
         "3",
         &[("BRAID_TEST_HOLD_RBD_WRITES", hold_env.as_str())],
+        &[],
     );
     let mut via_a = Initiator::login(a_iscsi, TARGET);
     let mut via_b = Initiator::login(b_iscsi, TARGET);
@@ -168,8 +183,8 @@ fn next_value(prev: &[u8], round: usize, who: u8) -> (Vec<u8>, usize) {
 fn compare_and_write_is_atomic_across_gateways() {
     let Some(c) = cephkit::ceph() else { return };
     let img = c.image("iscsi-caw", "16M", Some("layering"));
-    let (_a, a_iscsi) = gateway(c, &img, "15", &[]);
-    let (_b, b_iscsi) = gateway(c, &img, "15", &[]);
+    let (_a, a_iscsi) = gateway(c, &img, "15", &[], &[]);
+    let (_b, b_iscsi) = gateway(c, &img, "15", &[], &[]);
     // In the image's second object, so that an offset librbd gave
     // within the object would show.
     let lba = (4u64 << 20) / 512 + 3;
@@ -240,4 +255,47 @@ fn compare_and_write_is_atomic_across_gateways() {
     }
     assert_eq!(img.export()[lba as usize * 512..][..512], prev[..]);
     eprintln!("wins through A and B: {wins:?}");
+}
+
+/// The relative target port and target port group VPD page 0x83 names
+/// through `i`, and the groups REPORT TARGET PORT GROUPS lists with their
+/// access states.
+fn port_ids(i: &mut Initiator) -> ((u16, u16), Vec<(u16, u8)>) {
+    let page = i.exec(&iscsikit::vpd_cdb(0x83), &[], 0x400);
+    assert!(page.good(), "VPD 0x83: {page:?}");
+    let ds = iscsikit::vpd::designators(&page.data);
+    let id = |kind: u8| {
+        let d = ds
+            .iter()
+            .find(|d| d.association == 1 && d.kind == kind)
+            .unwrap_or_else(|| panic!("no designator of type {kind}: {ds:?}"));
+        u16::from_be_bytes([d.value[2], d.value[3]])
+    };
+    let rtpg = i.exec(&iscsikit::rtpg_cdb(), &[], 0x400);
+    assert!(rtpg.good(), "REPORT TARGET PORT GROUPS: {rtpg:?}");
+    ((id(4), id(5)), iscsikit::rtpg_states(&rtpg.data))
+}
+
+#[needs("ceph-mon")]
+fn port_ids_are_unique_across_the_gateways_of_an_image_and_stable_across_restarts() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("iscsi-ports", "16M", Some("layering"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = |name: &str| dir.path().join(name).display().to_string();
+    let (a_state, b_state) = (state("a"), state("b"));
+    let (a, a_iscsi) = gateway(c, &img, "15", &[], &["--state-dir", &a_state]);
+    let (b, b_iscsi) = gateway(c, &img, "15", &[], &["--state-dir", &b_state]);
+    let (a_ids, a_groups) = port_ids(&mut Initiator::login(a_iscsi, TARGET));
+    let (b_ids, b_groups) = port_ids(&mut Initiator::login(b_iscsi, TARGET));
+    assert_ne!(a_ids.0, b_ids.0, "relative target ports");
+    assert_ne!(a_ids.1, b_ids.1, "target port groups");
+    // Active/optimized (0), each group through its own gateway.
+    assert_eq!(a_groups, [(a_ids.1, 0)]);
+    assert_eq!(b_groups, [(b_ids.1, 0)]);
+    drop(b);
+    // Tags are kept by portal address (`iscsi-ports`): the same one again.
+    let flags = ["--state-dir", &b_state];
+    let (_b, b_iscsi) = gateway_on(c, &img, "15", &[], &flags, b_iscsi.port());
+    let (again, _) = port_ids(&mut Initiator::login(b_iscsi, TARGET));
+    assert_eq!(again, b_ids, "B's ids after its restart\nA:\n{}", a.log());
 }

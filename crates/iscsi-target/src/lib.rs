@@ -102,6 +102,10 @@ pub struct IscsiConfig {
     /// Apart from NBD's registry, so that each protocol's limits and
     /// figures stay its own.
     pub connections: Arc<braid_store::registry::Registry>,
+    /// Added to every portal's tag (portal group, relative target port,
+    /// target port group): a Ceph gateway's own range among the gateways
+    /// of its image, so that no two of them name a port alike.
+    pub port_offset: u16,
 }
 
 impl Default for IscsiConfig {
@@ -115,6 +119,7 @@ impl Default for IscsiConfig {
             instance: uuid::Uuid::new_v4().as_u128(),
             timers: Timers::default(),
             connections: Arc::default(),
+            port_offset: 0,
         }
     }
 }
@@ -345,7 +350,7 @@ impl IscsiServer {
             listeners,
             shared: Arc::new(Shared {
                 targets,
-                ports: portids::table(cfg.state_dir.as_deref(), &addrs)?,
+                ports: portids::table(cfg.state_dir.as_deref(), &addrs, cfg.port_offset)?,
                 access: Arc::new(cfg.access.clone()),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),

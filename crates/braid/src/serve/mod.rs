@@ -436,6 +436,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
+                let port_offset = gateway.iscsi_port_offset(&cfg.state_dir).await?;
                 let settings = braid_iscsi_target::IscsiConfig {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     access: cfg.iscsi_access.clone(),
@@ -445,6 +446,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     instance: target.instance().0,
                     timers: cfg.iscsi_timers,
                     connections: iscsi_sessions,
+                    port_offset,
                 };
                 Some(iscsi::start(&target, &portals, port, settings).await?)
             }
