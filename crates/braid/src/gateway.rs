@@ -150,6 +150,24 @@ impl Gateway {
         Ok(0)
     }
 
+    /// Publishes this gateway's iSCSI portals and their tags to the other
+    /// gateways of its images, whose SendTargets then name them.
+    ///
+    /// # Errors
+    ///
+    /// A record could not be written.
+    pub async fn publish_iscsi(&self, portals: Vec<(String, u16)>) -> Result<()> {
+        #[cfg(feature = "rbd")]
+        if let Some(ceph) = &self.ceph {
+            ceph.publish_iscsi(portals)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            return Ok(());
+        }
+        let _ = portals;
+        Ok(())
+    }
+
     /// Leaves every image's gateways; call once the target stopped.
     pub async fn stop(&self) {
         #[cfg(feature = "rbd")]

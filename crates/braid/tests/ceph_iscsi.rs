@@ -299,3 +299,37 @@ fn port_ids_are_unique_across_the_gateways_of_an_image_and_stable_across_restart
     let (again, _) = port_ids(&mut Initiator::login(b_iscsi, TARGET));
     assert_eq!(again, b_ids, "B's ids after its restart\nA:\n{}", a.log());
 }
+
+/// What libiscsi's discovery through `portal` lists.
+fn discovered(portal: std::net::SocketAddr) -> String {
+    let out = common::output(
+        common::cmd("iscsi-ls").args(["-s", &format!("iscsi://{portal}")]),
+        Duration::from_secs(30),
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[needs("ceph-mon", "iscsi-ls")]
+fn send_targets_names_every_live_gateways_portals() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("iscsi-discovery", "16M", Some("layering"));
+    let (a, a_iscsi) = gateway(c, &img, "3", &[], &[]);
+    let (b, b_iscsi) = gateway(c, &img, "3", &[], &[]);
+    // B's portal with B's own portal group tag (its range starts at 257).
+    let (a_listed, b_listed) = (format!("{a_iscsi},1"), format!("{b_iscsi},257"));
+    let mut listed = String::new();
+    let both = common::wait_until(Duration::from_secs(20), || {
+        listed = discovered(a_iscsi);
+        listed.contains(&a_listed) && listed.contains(&b_listed)
+    });
+    assert!(both, "A's discovery:\n{listed}\nA:\n{}", a.log());
+    assert!(discovered(b_iscsi).contains(&a_listed), "B lists A too");
+    // B dies: once its lease has run out, A lists only its own portal.
+    signal(b.pid(), libc::SIGKILL);
+    let gone = common::wait_until(Duration::from_secs(30), || {
+        listed = discovered(a_iscsi);
+        listed.contains(&a_listed) && !listed.contains(&b_listed)
+    });
+    assert!(gone, "A still lists the dead B:\n{listed}\nA:\n{}", a.log());
+    drop(b);
+}

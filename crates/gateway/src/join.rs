@@ -267,6 +267,22 @@ impl super::Ceph {
     }
 }
 
+impl super::Ceph {
+    /// Writes this incarnation's record of every image again (what it
+    /// publishes changed), and tells the other gateways to read it.
+    pub(super) fn rewrite_records(&self) -> Result<(), String> {
+        let Some(started) = self.started.get() else {
+            return Ok(());
+        };
+        for vol in self.writable().into_iter().filter(|v| v.joined()) {
+            vol.record(&started.portals)
+                .map_err(|e| format!("{}: writing this gateway's record: {e}", vol.spec))?;
+            barrier::announce(&vol.ioctx(), &vol.image_id);
+        }
+        Ok(())
+    }
+}
+
 fn parse(count: &[u8]) -> Option<u64> {
     std::str::from_utf8(count).ok()?.parse().ok()
 }

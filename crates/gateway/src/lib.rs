@@ -122,6 +122,8 @@ pub struct Ceph {
     epoch: Instant,
     /// Whether the monitors answer this process's OSD map fetches.
     reach: Mutex<osdmap::Reach>,
+    /// This gateway's iSCSI portals and tags, for its records.
+    iscsi: Mutex<Vec<(String, u16)>>,
 }
 
 #[derive(Debug)]
@@ -171,6 +173,7 @@ impl Ceph {
             started: OnceLock::new(),
             epoch: Instant::now(),
             reach: Mutex::default(),
+            iscsi: Mutex::default(),
         }))
     }
 
@@ -237,6 +240,30 @@ impl Ceph {
         for vol in self.writable() {
             let _ = tokio::task::spawn_blocking(move || vol.leave(limit)).await;
         }
+    }
+
+    /// This gateway's iSCSI portals, as its records publish them.
+    pub(crate) fn iscsi_portals(&self) -> Vec<(String, u16)> {
+        self.iscsi.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes this gateway's iSCSI portals (with their portal group
+    /// tags) in its record of every image, for every gateway's
+    /// SendTargets; records written later carry them too. Call once they
+    /// are bound.
+    ///
+    /// # Errors
+    ///
+    /// A record could not be written.
+    pub async fn publish_iscsi(
+        self: &Arc<Self>,
+        portals: Vec<(String, u16)>,
+    ) -> Result<(), String> {
+        *self.iscsi.lock().unwrap_or_else(|p| p.into_inner()) = portals;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.rewrite_records())
+            .await
+            .map_err(|e| e.to_string())?
     }
 
     pub(crate) fn current(&self) -> Arc<Incarnation> {

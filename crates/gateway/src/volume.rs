@@ -266,6 +266,7 @@ impl RbdVolume {
                 addr: inc.addr.clone(),
                 gid: inc.gid,
                 portals: portals.to_vec(),
+                iscsi: self.ceph.iscsi_portals(),
                 lease_ms: u64::try_from(self.ceph.lease().as_millis()).unwrap_or(u64::MAX),
                 seq: l.seq,
                 alone: self.ceph.alone(),
@@ -525,6 +526,15 @@ impl Peers for RbdVolume {
             .live
             .iter()
             .flat_map(|e| e.portals.iter().cloned())
+            .collect()
+    }
+
+    fn iscsi_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        self.lease()
+            .live
+            .iter()
+            .flat_map(|e| e.iscsi.iter())
+            .filter_map(|(addr, tag)| Some((addr.parse().ok()?, *tag)))
             .collect()
     }
 

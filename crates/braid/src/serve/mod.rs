@@ -448,7 +448,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     connections: iscsi_sessions,
                     port_offset,
                 };
-                Some(iscsi::start(&target, &portals, port, settings).await?)
+                let started = iscsi::start(&target, &portals, port, settings).await?;
+                let published = started.1.portals();
+                let published = published.iter().map(|p| (p.addr.to_string(), p.tag));
+                gateway.publish_iscsi(published.collect()).await?;
+                Some(started)
             }
             None => None,
         };
