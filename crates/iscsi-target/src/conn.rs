@@ -324,7 +324,7 @@ async fn full_feature(
                             _ => "the connection's writer stopped".into(),
                         });
                     }
-                    () = cut_off(member.as_mut()) => {
+                    () = super::member::cut_off(member.as_mut()) => {
                         (cut, fenced) = (true, true);
                         break Err(
                             "closed unanswered: a fence named this session, or the gateway \
@@ -475,13 +475,6 @@ async fn until(at: Option<tokio::time::Instant>) {
 async fn notified(n: Option<&tokio::sync::Notify>) {
     match n {
         Some(n) => n.notified().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn cut_off(m: Option<&mut Member>) {
-    match m {
-        Some(m) => m.cut().await,
         None => std::future::pending().await,
     }
 }

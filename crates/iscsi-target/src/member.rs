@@ -71,6 +71,14 @@ impl Member {
     }
 }
 
+/// Resolves once the registry cut `m`'s connection; never without one.
+pub(crate) async fn cut_off(m: Option<&mut Member>) {
+    match m {
+        Some(m) => m.cut().await,
+        None => std::future::pending().await,
+    }
+}
+
 impl Drop for Member {
     fn drop(&mut self) {
         self.sentinel.abort();
