@@ -229,20 +229,6 @@ fn iscsi_is_refused_beside_tls() {
     assert!(err.contains("no TLS"), "{err}");
 }
 
-// A build with the rbd feature serves iSCSI beside rbd: exports (their
-// reservations are shared by the image's gateways: ceph_reservations).
-#[cfg(not(feature = "rbd"))]
-#[test]
-fn iscsi_is_refused_beside_an_rbd_export() {
-    let out = Command::new(env!("CARGO_BIN_EXE_braid"))
-        .args(["serve", "vol=rbd:rbd/vol", "--iscsi"])
-        .output()
-        .expect("braid serve");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("take no part in fencing"), "{err}");
-}
-
 /// Whether the target closes `s` (a read sees the end) within 10 s.
 fn closed_by_target(s: &mut std::net::TcpStream) -> bool {
     use std::io::Read;

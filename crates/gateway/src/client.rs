@@ -13,7 +13,7 @@
 //! otherwise wait for it.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use braid_proto::braid_ns::ConnId;
@@ -94,7 +94,7 @@ impl RbdVolume {
     /// and returns once every request they had received has ended. Runs on
     /// a barrier thread, not the runtime's.
     pub(crate) fn drop_conns(&self, tag: u64, ids: &[ConnId]) {
-        let Some((registry, _, runtime)) = self.ceph.registry() else {
+        let Some((registries, _, runtime)) = self.ceph.registries() else {
             return;
         };
         if self.current().tag != tag {
@@ -112,7 +112,11 @@ impl RbdVolume {
             connections = mine.len(),
             "another gateway asks this one to drop connections a client fences: closing them"
         );
-        runtime.block_on(registry.fence(&mine));
+        runtime.block_on(async {
+            for r in registries {
+                r.fence(&mine).await;
+            }
+        });
     }
 
     /// Client `tag` lost its cluster connection or was blocklisted:
@@ -124,7 +128,7 @@ impl RbdVolume {
         if self.reopening.swap(true, Ordering::SeqCst) {
             return;
         }
-        let Some((_, _, runtime)) = self.ceph.registry() else {
+        let Some((_, _, runtime)) = self.ceph.registries() else {
             self.reopening.store(false, Ordering::SeqCst);
             return;
         };
@@ -136,7 +140,7 @@ impl RbdVolume {
     }
 
     async fn reconnect(self: &Arc<Self>, why: &str) {
-        let Some((registry, portals, _)) = self.ceph.registry() else {
+        let Some((registries, portals, _)) = self.ceph.registries() else {
             return;
         };
         self.serving.store(false, Ordering::SeqCst);
@@ -145,11 +149,11 @@ impl RbdVolume {
              unanswered; clients fail over, and it rejoins as a new RADOS client",
             self.spec
         );
-        let cut = registry.cut_export(&self.export);
+        let cut: usize = registries.iter().map(|r| r.cut_export(&self.export)).sum();
         // Nothing of the old client may still be running when the new one
         // opens the image: a request that began before the cut would
         // otherwise reach the new, unfenced client.
-        for conn in registry.list() {
+        for conn in registries.iter().flat_map(|r| r.list()) {
             let export = conn
                 .export
                 .lock()
@@ -181,6 +185,7 @@ impl RbdVolume {
         }
         self.serving.store(true, Ordering::SeqCst);
         info!(image = %self.spec, addr = %self.current().addr, "rejoined as a new RADOS client");
+        self.on_rejoin.run();
     }
 
     /// Connects anew, reopens the image on the new client, writes its new
@@ -204,5 +209,31 @@ impl RbdVolume {
             super::join::join(self, portals)?;
         }
         Ok(())
+    }
+}
+
+/// Callbacks run once an image rejoined on a new client: a watch that
+/// other parts keep on the image's objects (its shared reservations) was
+/// registered through the old client, which no longer hears anything, and
+/// must be registered again through the new one.
+#[derive(Default)]
+pub(crate) struct OnRejoin(Mutex<Vec<Box<dyn Fn() + Send + Sync>>>);
+
+impl OnRejoin {
+    pub(crate) fn add(&self, f: Box<dyn Fn() + Send + Sync>) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(f);
+    }
+
+    fn run(&self) {
+        for f in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for OnRejoin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().unwrap_or_else(|p| p.into_inner()).len();
+        write!(f, "OnRejoin({n})")
     }
 }

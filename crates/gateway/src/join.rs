@@ -21,6 +21,11 @@
 //! them and after them the stale gateway's. So once its watch is
 //! registered (any later barrier reaches it) it fetches the newest map,
 //! and only then writes its record and serves.
+//!
+//! Each gateway also takes, once, a range of iSCSI port ids of its own
+//! ([`super::Ceph::port_range`]), counted on the same object the same
+//! way, so that initiators see every gateway's ports and port groups as
+//! distinct, and a restarted gateway's as the ones it had.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,11 +98,7 @@ pub(super) fn join(vol: &Arc<RbdVolume>, portals: &[String]) -> Result<(), Strin
 
 /// The join count after `count` (empty: none yet).
 fn next(count: &[u8]) -> Vec<u8> {
-    let n: u64 = std::str::from_utf8(count)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (n + 1).to_string().into_bytes()
+    (parse(count).unwrap_or(0) + 1).to_string().into_bytes()
 }
 
 /// Test hook: with `BRAID_TEST_JOIN_PAUSE=PATH` in a build with the
@@ -193,6 +194,97 @@ fn settle(vol: &Arc<RbdVolume>) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The barrier object's attribute that counts the port ranges given out
+/// to the image's gateways, and the prefix of each gateway's own.
+const PORT_RANGES: &str = "braid.port-ranges";
+const PORT_RANGE: &str = "braid.port-range.";
+
+/// Most port ranges one image gives out (each of 256 ids, within iSCSI's
+/// 16-bit relative port and group ids).
+const MAX_PORT_RANGES: u64 = 255;
+
+impl super::Ceph {
+    /// The range of iSCSI port ids (relative target ports, target port
+    /// groups and portal group tags) of the gateway whose stable identity
+    /// is `gateway` (kept in its state directory): its number among the
+    /// gateways that ever served the first image this process serves, from
+    /// 0, allocated once with a compare-and-set of a count on the image's
+    /// barrier object, so that two gateways never share one and a
+    /// restarted gateway gets its own back. `None` without an image to
+    /// write (blocking: Ceph calls).
+    ///
+    /// # Errors
+    ///
+    /// The object could not be read or written, or every range is taken.
+    pub fn port_range(&self, gateway: &str) -> Result<Option<u16>, String> {
+        let Some(vol) = self.writable().into_iter().next() else {
+            return Ok(None);
+        };
+        let (io, oid) = (vol.ioctx(), barrier::object(&vol.image_id));
+        let failed = |e: braid_rbd::Error| format!("{}: numbering iSCSI ports: {e}", vol.spec);
+        let key = format!("{PORT_RANGE}{gateway}");
+        for _ in 0..ATTEMPTS * 4 {
+            let mine = io.xattr(&oid, &key).map_err(failed)?;
+            if !mine.is_empty() {
+                return parse(&mine)
+                    .and_then(|n| u16::try_from(n).ok())
+                    .map(Some)
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: attribute {key} of {oid} is not a number braid wrote",
+                            vol.spec
+                        )
+                    });
+            }
+            let count = io.xattr(&oid, PORT_RANGES).map_err(failed)?;
+            let n = parse(&count).unwrap_or(0);
+            if n >= MAX_PORT_RANGES {
+                return Err(format!(
+                    "{}: {n} gateways have served this image with iSCSI, and each keeps its \
+                     port ids for good; remove the attributes {PORT_RANGE}* of {oid} (rados \
+                     rmxattr) of gateways that are gone for good",
+                    vol.spec
+                ));
+            }
+            if io
+                .xattr_compare_and_set(&oid, PORT_RANGES, &count, &next(&count))
+                .map_err(failed)?
+            {
+                // The range is this gateway's from now on; had the same
+                // identity taken one meanwhile (it cannot: one process
+                // per state directory), the loop reads that one.
+                io.xattr_compare_and_set(&oid, &key, b"", n.to_string().as_bytes())
+                    .map_err(failed)?;
+            }
+        }
+        Err(format!(
+            "{}: other gateways kept numbering their iSCSI ports at the same moment; start \
+             this one again",
+            vol.spec
+        ))
+    }
+}
+
+impl super::Ceph {
+    /// Writes this incarnation's record of every image again (what it
+    /// publishes changed), and tells the other gateways to read it.
+    pub(super) fn rewrite_records(&self) -> Result<(), String> {
+        let Some(started) = self.started.get() else {
+            return Ok(());
+        };
+        for vol in self.writable().into_iter().filter(|v| v.joined()) {
+            vol.record(&started.portals)
+                .map_err(|e| format!("{}: writing this gateway's record: {e}", vol.spec))?;
+            barrier::announce(&vol.ioctx(), &vol.image_id);
+        }
+        Ok(())
+    }
+}
+
+fn parse(count: &[u8]) -> Option<u64> {
+    std::str::from_utf8(count).ok()?.parse().ok()
 }
 
 #[cfg(test)]

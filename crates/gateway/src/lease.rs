@@ -73,6 +73,11 @@ pub struct Entry {
     pub gid: u64,
     /// Where clients reach it (`x-braid:portal`).
     pub portals: Vec<String>,
+    /// Its iSCSI portals with their portal group tags, for every
+    /// gateway's SendTargets (none in records of gateways without iSCSI,
+    /// or written before they were published).
+    #[serde(default)]
+    pub iscsi: Vec<(String, u16)>,
     /// How long the record stays alive without a renewal.
     pub lease_ms: u64,
     /// Grows with every rewrite of the record (renewals are heartbeats).
@@ -238,6 +243,7 @@ mod tests {
             addr: format!("127.0.0.1:0/{tag}"),
             gid: tag + 4000,
             portals: vec![format!("127.0.0.1:{}", 10000 + tag)],
+            iscsi: Vec::new(),
             lease_ms,
             seq,
             alone: false,

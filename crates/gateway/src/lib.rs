@@ -127,11 +127,15 @@ pub struct Ceph {
     started: OnceLock<Started>,
     /// The origin of the lease clock.
     epoch: Instant,
+    /// This gateway's iSCSI portals and tags, for its records.
+    iscsi: Mutex<Vec<(String, u16)>>,
 }
 
 #[derive(Debug)]
 struct Started {
-    registry: Arc<Registry>,
+    /// The connection registries of every front end (NBD's, iSCSI's):
+    /// each fence, cut and drain covers them all.
+    registries: Vec<Arc<Registry>>,
     portals: Vec<String>,
     runtime: tokio::runtime::Handle,
 }
@@ -172,11 +176,13 @@ impl Ceph {
             volumes: Mutex::new(Vec::new()),
             started: OnceLock::new(),
             epoch: Instant::now(),
+            iscsi: Mutex::default(),
         }))
     }
 
     /// Joins every writable image's gateway registry, then admits
-    /// connections. Call once the portals are bound and before serving.
+    /// connections. Call once the portals are bound and before serving;
+    /// `registries` are where every front end keeps its connections.
     ///
     /// # Errors
     ///
@@ -184,7 +190,7 @@ impl Ceph {
     /// and another is there; a record cannot be written.
     pub async fn start(
         self: &Arc<Self>,
-        registry: Arc<Registry>,
+        registries: Vec<Arc<Registry>>,
         portals: Vec<String>,
     ) -> Result<(), String> {
         let me = self.clone();
@@ -207,7 +213,7 @@ impl Ceph {
             );
         }
         let _ = self.started.set(Started {
-            registry: registry.clone(),
+            registries: registries.clone(),
             portals: portals.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
@@ -217,7 +223,9 @@ impl Ceph {
                 .await
                 .map_err(|e| e.to_string())??;
         }
-        registry.set_tag(self.tag);
+        for r in &registries {
+            r.set_tag(self.tag);
+        }
         self.serving.store(true, Ordering::SeqCst);
         for vol in self.writable() {
             tokio::spawn(lease_loop(self.clone(), vol));
@@ -255,10 +263,39 @@ impl Ceph {
         self.stopping.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn registry(&self) -> Option<(&Arc<Registry>, &[String], &tokio::runtime::Handle)> {
+    /// This gateway's iSCSI portals, as its records publish them.
+    pub(crate) fn iscsi_portals(&self) -> Vec<(String, u16)> {
+        self.iscsi.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes this gateway's iSCSI portals (with their portal group
+    /// tags) in its record of every image, for every gateway's
+    /// SendTargets; records written later carry them too. Call once they
+    /// are bound.
+    ///
+    /// # Errors
+    ///
+    /// A record could not be written.
+    pub async fn publish_iscsi(
+        self: &Arc<Self>,
+        portals: Vec<(String, u16)>,
+    ) -> Result<(), String> {
+        *self.iscsi.lock().unwrap_or_else(|p| p.into_inner()) = portals;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || me.rewrite_records())
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// The connection registries of every front end, the portals and the
+    /// runtime, once started.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn registries(
+        &self,
+    ) -> Option<(&[Arc<Registry>], &[String], &tokio::runtime::Handle)> {
         self.started
             .get()
-            .map(|s| (&s.registry, &s.portals[..], &s.runtime))
+            .map(|s| (&s.registries[..], &s.portals[..], &s.runtime))
     }
 
     pub(crate) fn can_blocklist(&self) -> bool {
@@ -386,7 +423,6 @@ async fn lease_loop(ceph: Arc<Ceph>, vol: Arc<RbdVolume>) {
     }
 }
 
-/// This host's name, for records people read.
 /// The reservations of image `image_id` (export `export`), shared by its
 /// gateways (`reservations.rs`).
 pub(crate) fn shared_reservations(
@@ -398,6 +434,7 @@ pub(crate) fn shared_reservations(
     Arc::new(shared)
 }
 
+/// This host's name, for records people read.
 pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())

@@ -60,6 +60,38 @@ impl Backend for RbdVolume {
         self.check(self.image().flush())
     }
 
+    fn compares_and_writes(&self) -> bool {
+        true
+    }
+
+    fn compare_and_write(
+        &self,
+        cmp: &[u8],
+        data: &[u8],
+        offset: u64,
+        fua: bool,
+    ) -> io::Result<Option<u64>> {
+        // One operation on the object's OSD (librbd's compare-and-write),
+        // which every gateway's writes of the object go through: atomic
+        // across gateways, where this gateway's range lock is not.
+        self.within(offset, cmp.len() as u64)?;
+        let _inflight = self.begin_write()?;
+        self.before_write()?;
+        let image = self.image();
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        image.aio_compare_and_write(offset, cmp.to_vec(), data.to_vec(), move |r| {
+            let _ = tx.send(r);
+        });
+        let r = rx.recv().map_err(|_| {
+            io::Error::other("compare and write: librbd dropped the request unanswered")
+        })?;
+        let outcome = self.check(r)?;
+        if outcome.is_none() && fua && self.ceph.caches() {
+            self.check(image.flush())?;
+        }
+        Ok(outcome)
+    }
+
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
         // A hint: librbd leaves ranges under its discard granularity as
         // they are, which TRIM allows.

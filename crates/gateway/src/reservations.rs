@@ -131,6 +131,16 @@ impl SharedState for Shared {
     fn subscribe(&self, on_change: OnChange) {
         let rt = tokio::runtime::Handle::current();
         *lock(&self.inner.on_change) = Some((on_change, rt));
+        // A watch lives on one RADOS client: when the image rejoins on a
+        // new one (its old one blocklisted or cut off), the watch is
+        // registered again through the new client and the state read
+        // again, or this gateway would go on checking commands against a
+        // copy that no other gateway's change reaches.
+        if let Ok(vol) = self.inner.volume() {
+            let inner = Arc::downgrade(&self.inner);
+            vol.on_rejoin
+                .add(Box::new(move || rewatch_later(inner.clone())));
+        }
         // The target read the state before it subscribed.
         if let Err(e) = register(&self.inner, false) {
             warn!(

@@ -51,6 +51,8 @@ pub struct RbdVolume {
     pub(super) reach: Mutex<super::osdmap::Reach>,
     /// Bounds on braid's own RADOS operations of the image.
     pub(super) deadlines: super::deadline::Deadlines,
+    /// What must follow the image onto a new client (`client.rs`).
+    pub(super) on_rejoin: super::client::OnRejoin,
 }
 
 /// The open image of the current incarnation.
@@ -173,6 +175,7 @@ impl RbdVolume {
             reopening: AtomicBool::new(false),
             reach: Mutex::default(),
             deadlines: Default::default(),
+            on_rejoin: Default::default(),
         });
         let updates = vol.watch_size(&vol.image())?;
         vol.handle
@@ -281,6 +284,7 @@ impl RbdVolume {
                 addr: inc.addr.clone(),
                 gid: inc.gid,
                 portals: portals.to_vec(),
+                iscsi: self.ceph.iscsi_portals(),
                 lease_ms: u64::try_from(self.ceph.lease().as_millis()).unwrap_or(u64::MAX),
                 seq: l.seq,
                 alone: self.ceph.alone(),
@@ -566,6 +570,15 @@ impl Peers for RbdVolume {
             .live
             .iter()
             .flat_map(|e| e.portals.iter().cloned())
+            .collect()
+    }
+
+    fn iscsi_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        self.lease()
+            .live
+            .iter()
+            .flat_map(|e| e.iscsi.iter())
+            .filter_map(|(addr, tag)| Some((addr.parse().ok()?, *tag)))
             .collect()
     }
 

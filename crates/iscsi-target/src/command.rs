@@ -61,6 +61,9 @@ pub(crate) struct Lun {
     /// Told when a command found the storage lost to this server: the
     /// connection then closes (see [`Outcome::Lost`]).
     pub lost: Arc<Notify>,
+    /// The session in the connection registry: once a fence cut it,
+    /// commands not yet started never reach the backend.
+    pub conn: Option<Arc<braid_store::registry::Conn>>,
 }
 
 /// A RESERVE (6) does not outlive its nexus: where the reservations are
@@ -481,6 +484,9 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     tokio::select! {
         () = lun.hold.wait(|| ctl.aborted()) => {}
         () = ctl.until_aborted() => {}
+    }
+    if lun.conn.as_ref().is_some_and(|c| c.fenced()) {
+        return None;
     }
     if !ctl.start() {
         return None;

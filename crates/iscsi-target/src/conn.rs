@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 
 use super::answer;
 use super::command::{Commands, Lun};
+use super::member::Member;
 use super::out::{self, lock, Batch, Out, Outbox, Slot, Sn};
 use super::sessions::{Key, Registration};
 use super::timers::{Liveness, Tick};
@@ -146,6 +147,31 @@ async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<()
         .as_ref()
         .and_then(|name| visible.iter().find(|t| &t.name == name))
         .cloned();
+    // In the registry a gateway's fence reaches, under its export, before
+    // the login completes.
+    let member = match &served {
+        Some(t) => {
+            let portal = stream
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            let m = Member::enter(&ctx.shared.connections, peer, portal, &t.export.name);
+            // After the export is recorded: a gateway that switches to a
+            // new RADOS client either cuts this session by its export or
+            // is seen here.
+            if t.export
+                .peers
+                .as_ref()
+                .is_some_and(|p| !p.admits(m.conn.id))
+            {
+                return Err("login closed: the gateway is reconnecting to its cluster \
+                     (it lost its right to write); the initiator logs in again"
+                    .into());
+            }
+            Some(m)
+        }
+        None => None,
+    };
     // A login that reinstates a session completes only once the old one
     // has ended, every task with it.
     let registration = match &served {
@@ -171,7 +197,21 @@ async fn run(mut stream: TcpStream, peer: SocketAddr, mut ctx: Ctx) -> Result<()
         "iSCSI login"
     );
     framer.set(digests(&s.params), s.params.max_recv_data as usize);
-    full_feature(stream, buf, framer, s, served, registration, visible, ctx).await
+    let joined = Joined {
+        served,
+        registration,
+        member,
+    };
+    full_feature(stream, buf, framer, s, joined, visible, ctx).await
+}
+
+/// What a normal session joined at login: its target, its place among
+/// the target's sessions (reinstatement) and in the connection registry
+/// (fences); all `None` for a discovery session.
+struct Joined {
+    served: Option<Arc<Served>>,
+    registration: Option<Registration>,
+    member: Option<Member>,
 }
 
 fn digests(p: &Params) -> Digests {
@@ -187,11 +227,15 @@ async fn full_feature(
     mut buf: BytesMut,
     framer: Framer,
     s: Session,
-    served: Option<Arc<Served>>,
-    registration: Option<Registration>,
+    joined: Joined,
     visible: Vec<Arc<Served>>,
     mut ctx: Ctx,
 ) -> Result<(), String> {
+    let Joined {
+        served,
+        registration,
+        mut member,
+    } = joined;
     let limits = &ctx.shared.limits;
     let depth = QUEUE_DEPTH.min(u32::try_from(limits.max_requests).unwrap_or(u32::MAX));
     let window = Arc::new(Mutex::new(Window::new(s.exp_cmd_sn, depth.max(1))));
@@ -215,6 +259,7 @@ async fn full_feature(
             )),
             hold: ctx.shared.hold_for(&s.initiator),
             lost: Arc::new(tokio::sync::Notify::new()),
+            conn: member.as_ref().map(|m| m.conn.clone()),
             shared: ctx.shared.clone(),
             tag: ctx.tag,
             served: t,
@@ -236,6 +281,9 @@ async fn full_feature(
     // Set when the initiator is taken for gone: what is queued for it is
     // dropped, not waited on (it may never read again).
     let mut cut = false;
+    // Set when the registry cut the connection (a fence, or a gateway
+    // that lost its right to write): nothing more is answered.
+    let mut fenced = false;
     let result = loop {
         // While the writer is behind, no more PDUs are taken: what they
         // would answer could only wait in memory (see `out.rs`).
@@ -275,6 +323,14 @@ async fn full_feature(
                             Ok(Err(e)) => format!("sending: {e}"),
                             _ => "the connection's writer stopped".into(),
                         });
+                    }
+                    () = super::member::cut_off(member.as_mut()) => {
+                        (cut, fenced) = (true, true);
+                        break Err(
+                            "closed unanswered: a fence named this session, or the gateway \
+                             lost its right to write"
+                                .into(),
+                        );
                     }
                     () = notified(lost.as_deref()) => {
                         break Err("the storage is lost to this server: closing".into());
@@ -364,6 +420,10 @@ async fn full_feature(
             Err(e) => break Err(e),
         }
     };
+    if fenced {
+        // Whatever its tasks still finish is not answered.
+        writer.abort();
+    }
     if let Some(c) = cmds.as_mut() {
         c.shutdown().await;
     }
@@ -375,6 +435,8 @@ async fn full_feature(
         let _ = writer.await;
     }
     drop(registration);
+    // Every task has ended: a drain of this session may now return.
+    drop(member);
     result
 }
 

@@ -15,6 +15,7 @@ mod conn;
 mod durable;
 mod lu;
 mod media;
+mod member;
 mod out;
 mod portids;
 mod sessions;
@@ -45,12 +46,14 @@ use braid_store::portal::Portal;
 use braid_store::{access, backend, export, hold};
 
 /// What braid's iSCSI target serves: no TLS (CHAP authenticates but does
-/// not encrypt), no fencing across Ceph gateways yet, and every kind of
-/// storage (a multipath volume of `braid attach` as well as this host's).
+/// not encrypt), sessions that take part in fencing across Ceph gateways
+/// (each is in the connection registry a gateway's fence reaches:
+/// `member.rs`), and every kind of storage (a multipath volume of `braid
+/// attach` as well as this host's).
 pub const CAPABILITIES: braid_store::Capabilities = braid_store::Capabilities {
     protocol: "iSCSI",
     tls: false,
-    fenced_across_gateways: false,
+    fenced_across_gateways: true,
     forwarded: true,
     log_target: module_path!(),
 };
@@ -94,6 +97,16 @@ pub struct IscsiConfig {
     pub instance: u128,
     /// Data-Out timeout and NOP-In pings.
     pub timers: Timers,
+    /// Where every normal session is registered while it lives, for the
+    /// fences that close connections there (a Ceph gateway's: it sets
+    /// the ids' tag and cuts, drains and fences them as it does NBD's).
+    /// Apart from NBD's registry, so that each protocol's limits and
+    /// figures stay its own.
+    pub connections: Arc<braid_store::registry::Registry>,
+    /// Added to every portal's tag (portal group, relative target port,
+    /// target port group): a Ceph gateway's own range among the gateways
+    /// of its image, so that no two of them name a port alike.
+    pub port_offset: u16,
 }
 
 impl Default for IscsiConfig {
@@ -106,6 +119,8 @@ impl Default for IscsiConfig {
             limits: braid_store::Limits::default(),
             instance: uuid::Uuid::new_v4().as_u128(),
             timers: Timers::default(),
+            connections: Arc::default(),
+            port_offset: 0,
         }
     }
 }
@@ -131,6 +146,8 @@ pub(crate) struct Shared {
     /// The process's instance (VPD page 0xC0).
     pub instance: u128,
     pub timers: Timers,
+    /// The registry sessions enter (`member.rs`).
+    pub connections: Arc<braid_store::registry::Registry>,
     /// Connections open, by client address.
     clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Test hook: commands of an initiator's sessions wait before the
@@ -339,13 +356,14 @@ impl IscsiServer {
             listeners,
             shared: Arc::new(Shared {
                 targets,
-                ports: portids::table(cfg.state_dir.as_deref(), &addrs)?,
+                ports: portids::table(cfg.state_dir.as_deref(), &addrs, cfg.port_offset)?,
                 access: Arc::new(cfg.access.clone()),
                 sessions: Arc::default(),
                 limits: cfg.limits.clone(),
                 budget: budget::Budget::new(cfg.limits.max_total_bytes),
                 instance: cfg.instance,
                 timers: cfg.timers,
+                connections: cfg.connections.clone(),
                 clients: Mutex::default(),
                 holds: Mutex::default(),
             }),

@@ -302,21 +302,24 @@ async fn or_write(
 }
 
 /// COMPARE AND WRITE (SBC-4 5.3): `data` holds the blocks to compare,
-/// then the blocks to write. The executor reads the medium with the range
-/// held alone; it is written only if every byte matched, otherwise
-/// MISCOMPARE, with the offset of the first byte that differed.
+/// then the blocks to write. Written only if every byte matched,
+/// otherwise MISCOMPARE, with the offset of the first byte that differed.
+/// The executor makes it atomic: with the range held alone where every
+/// writer comes through this server, or as the storage's own operation
+/// where other gateways write it too (a Ceph image, librbd's
+/// compare-and-write).
 async fn compare_and_write(
     e: Arc<Export>,
     unit: &Unit,
     lba: u64,
     blocks: u32,
     fua: bool,
-    data: Vec<u8>,
+    mut data: Vec<u8>,
 ) -> Outcome {
-    if !compound::atomic(&e) {
-        // Other gateways write the same image (or other clients the
-        // storage behind), and this lock does not reach them: a COMPARE
-        // AND WRITE here could not be atomic.
+    if !compound::compares_and_writes(&e) {
+        // Other servers write the storage, and neither this lock nor
+        // the storage can hold them off between the compare and the
+        // write: a COMPARE AND WRITE here could not be atomic.
         return Outcome::Check(Sense::INVALID_OPCODE);
     }
     if let Err(s) = check_range(lba, blocks, unit.blocks) {
@@ -329,16 +332,12 @@ async fn compare_and_write(
     if blocks == 0 {
         return Outcome::Good(Vec::new());
     }
-    let compare = move |now: &mut [u8]| {
-        if let Some(at) = now.iter().zip(&data[..n]).position(|(a, b)| a != b) {
-            return Change::Keep(Some(at as u32));
-        }
-        now.copy_from_slice(&data[n..]);
-        Change::Write(None)
-    };
-    match compound::read_modify_write(&e, bytes(lba), n, fua, compare).await {
+    let write = data.split_off(n);
+    match compound::compare_and_write(&e, bytes(lba), data, write, fua).await {
         Ok(None) => Outcome::Good(Vec::new()),
-        Ok(Some(at)) => Outcome::Check(Sense::MISCOMPARE.with_information(at)),
+        Ok(Some(at)) => Outcome::Check(
+            Sense::MISCOMPARE.with_information(u32::try_from(at).unwrap_or(u32::MAX)),
+        ),
         Err(err) => failed(&err, true),
     }
 }

@@ -15,15 +15,21 @@ const FILE: &str = "iscsi-ports";
 
 /// The table of `addrs`, tagged as `state_dir` kept them (new addresses
 /// given new tags, saved before any is used); without a state directory,
-/// tagged from 1 in their order.
+/// tagged from 1 in their order. `offset` is added to every tag (a Ceph
+/// gateway's range among its image's gateways).
 ///
 /// # Errors
 ///
 /// The file could not be read, is not what braid writes, or the new tags
 /// could not be saved.
-pub(crate) fn table(state_dir: Option<&Path>, addrs: &[SocketAddr]) -> io::Result<PortTable> {
+pub(crate) fn table(
+    state_dir: Option<&Path>,
+    addrs: &[SocketAddr],
+    offset: u16,
+) -> io::Result<PortTable> {
     let Some(dir) = state_dir else {
-        return Ok(PortTable::new(addrs));
+        let tagged: Vec<(SocketAddr, u16)> = addrs.iter().copied().zip(1..).collect();
+        return shifted(&tagged, offset);
     };
     let path = dir.join(FILE);
     let invalid = |e: &dyn std::fmt::Display| {
@@ -59,7 +65,22 @@ pub(crate) fn table(state_dir: Option<&Path>, addrs: &[SocketAddr]) -> io::Resul
         })?;
     }
     let tagged: Vec<(SocketAddr, u16)> = addrs.iter().copied().zip(tags).collect();
-    Ok(PortTable::tagged(&tagged))
+    shifted(&tagged, offset)
+}
+
+/// The table of `tagged`, every tag moved up by `offset`.
+fn shifted(tagged: &[(SocketAddr, u16)], offset: u16) -> io::Result<PortTable> {
+    let moved: Option<Vec<(SocketAddr, u16)>> = tagged
+        .iter()
+        .map(|(a, t)| t.checked_add(offset).map(|t| (*a, t)))
+        .collect();
+    let moved = moved.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("iSCSI portal tags from {offset} on pass 65535: serve fewer portals"),
+        )
+    })?;
+    Ok(PortTable::tagged(&moved))
 }
 
 #[cfg(test)]
@@ -74,13 +95,22 @@ mod tests {
             "127.0.0.2:3260".parse().unwrap(),
         );
         let tags = |t: &PortTable| t.iter().map(|p| (p.addr, p.tag)).collect::<Vec<_>>();
-        let first = table(Some(dir.path()), &[a, b]).unwrap();
+        let first = table(Some(dir.path()), &[a, b], 0).unwrap();
         assert_eq!(tags(&first), [(a, 1), (b, 2)]);
-        let again = table(Some(dir.path()), &[b, a]).unwrap();
+        let again = table(Some(dir.path()), &[b, a], 0).unwrap();
         assert_eq!(tags(&again), [(b, 2), (a, 1)]);
         std::fs::write(dir.path().join(FILE), "1 nowhere\n").unwrap();
-        let e = table(Some(dir.path()), &[a]).unwrap_err();
+        let e = table(Some(dir.path()), &[a], 0).unwrap_err();
         assert!(e.to_string().contains("line 1"), "{e}");
-        assert_eq!(tags(&table(None, &[b, a]).unwrap()), [(b, 1), (a, 2)]);
+        assert_eq!(tags(&table(None, &[b, a], 0).unwrap()), [(b, 1), (a, 2)]);
+        assert_eq!(
+            tags(&table(None, &[b, a], 256).unwrap()),
+            [(b, 257), (a, 258)],
+            "a gateway's range"
+        );
+        std::fs::remove_file(dir.path().join(FILE)).unwrap();
+        let moved = table(Some(dir.path()), &[a, b], 512).unwrap();
+        assert_eq!(tags(&moved), [(a, 513), (b, 514)]);
+        assert!(table(None, &[a, b], u16::MAX).is_err());
     }
 }

@@ -58,11 +58,19 @@ fn send_targets(
         return Vec::new();
     };
     let portals: Vec<(SocketAddr, u16)> = shared.ports.iter().map(|p| (p.addr, p.tag)).collect();
+    // Every live gateway's portals too, for an export that several
+    // serve (a Ceph image): one discovery finds every path.
     let listings: Vec<discovery::Listing> = visible
         .iter()
-        .map(|t| discovery::Listing {
-            name: t.name.clone(),
-            portals: portals.clone(),
+        .map(|t| {
+            let mut all = portals.clone();
+            if let Some(peers) = &t.export.peers {
+                all.extend(peers.iscsi_portals());
+            }
+            discovery::Listing {
+                name: t.name.clone(),
+                portals: all,
+            }
         })
         .collect();
     let discovering = s.kind == SessionType::Discovery;

@@ -38,11 +38,13 @@ pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit
 
 /// What the dispatch needs to know of `export`'s storage, with the
 /// caching page's WCE `write_cache`: whether COMPARE AND WRITE and
-/// ORWRITE are offered (their read and write can be made atomic here).
+/// ORWRITE are offered (their read and write can be made atomic here, by
+/// this server's range lock or, for COMPARE AND WRITE, by the storage).
 pub fn medium(export: &Export, write_cache: bool) -> Medium {
     Medium {
         write_cache,
         atomic: braid_store::compound::atomic(export),
+        compare_and_write: braid_store::compound::compares_and_writes(export),
     }
 }
 

@@ -257,6 +257,7 @@ pub fn unit(data: &[u8]) -> usize {
     let medium = Medium {
         write_cache: true,
         atomic: true,
+        compare_and_write: true,
     };
     let groups = || {
         vec![

@@ -23,7 +23,7 @@ pub const FEATURE_JOURNALING: u64 = 1 << 6;
 #[derive(Debug)]
 pub struct Image {
     pub(crate) handle: sys::rbd_image_t,
-    name: String,
+    pub(crate) name: String,
     _io: Arc<IoCtx>,
 }
 
@@ -488,7 +488,7 @@ impl Image {
     /// Hands one request to librbd: `start` issues it with a completion
     /// whose callback runs `done` with what `keep` held (the buffer) and
     /// librbd's return value.
-    fn submit<K, F>(
+    pub(crate) fn submit<K, F>(
         self: &Arc<Self>,
         keep: K,
         start: impl FnOnce(&mut K, sys::rbd_image_t, sys::rbd_completion_t) -> c_int,

@@ -16,6 +16,8 @@
 //! logic live in `braid-gateway`'s RBD backend.
 
 #[cfg(feature = "librbd")]
+mod compare;
+#[cfg(feature = "librbd")]
 mod config;
 #[cfg(feature = "librbd")]
 mod error;

@@ -75,10 +75,12 @@ pub enum Step {
 pub struct Medium {
     /// The caching page's WCE.
     pub write_cache: bool,
-    /// COMPARE AND WRITE and ORWRITE are offered: their read and write
-    /// can be made atomic (no other gateway writes the image, and the
-    /// storage is on this host).
+    /// ORWRITE is offered: its read and write can be made atomic (no
+    /// other gateway writes the image, and the storage is on this host).
     pub atomic: bool,
+    /// COMPARE AND WRITE is offered: atomic as ORWRITE is, or by the
+    /// storage's own compare-and-write (a Ceph image's gateways).
+    pub compare_and_write: bool,
 }
 
 /// Bytes a READ or WRITE moves, checked against the unit and the limit.
@@ -303,11 +305,13 @@ fn done(r: Result<(), Refusal>) -> Outcome {
 
 /// Whether this unit carries out a command REPORT SUPPORTED OPERATION
 /// CODES lists: UNMAP and GET LBA STATUS where the backend keeps holes,
-/// COMPARE AND WRITE and ORWRITE where no other gateway writes the image.
+/// ORWRITE where no other gateway writes the image, COMPARE AND WRITE
+/// where it can be atomic all the same.
 fn offered(unit: &Unit, medium: Medium, opcode: u8, action: Option<u16>) -> bool {
     match (opcode, action) {
         (0x42, _) | (0x9e, Some(0x12)) => unit.thin,
-        (0x89 | 0x8b, _) => medium.atomic,
+        (0x89, _) => medium.compare_and_write,
+        (0x8b, _) => medium.atomic,
         _ => true,
     }
 }

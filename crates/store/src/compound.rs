@@ -77,6 +77,68 @@ pub async fn read_modify_write<T: Send + 'static>(
     .expect("a read-modify-write panicked")
 }
 
+/// Whether a compare-and-write can be atomic here: every writer comes
+/// through this server's range lock ([`atomic`]), or the storage does it
+/// as one operation of its own, which other servers' writes cannot split
+/// (a Ceph image's gateways).
+pub fn compares_and_writes(export: &Export) -> bool {
+    atomic(export)
+        || export
+            .storage
+            .backend()
+            .is_some_and(|b| b.compares_and_writes())
+}
+
+/// Writes `data` at `offset` if the medium there equals `cmp` (as long),
+/// atomically: with the range held alone where this server's lock is
+/// enough ([`read_modify_write`]), else as the storage's own operation
+/// (still inside the range lock, so this server's other writers of the
+/// range wait for it). `None` when written, else the first byte (from
+/// `offset`) that differed.
+///
+/// # Errors
+///
+/// `NotSupported` where it cannot be atomic ([`compares_and_writes`]);
+/// the storage's error otherwise.
+pub async fn compare_and_write(
+    export: &Arc<Export>,
+    offset: u64,
+    cmp: Vec<u8>,
+    data: Vec<u8>,
+    fua: bool,
+) -> Result<Option<u64>, Error> {
+    if atomic(export) {
+        let n = cmp.len();
+        return read_modify_write(export, offset, n, fua, move |now| {
+            match first_difference(now, &cmp) {
+                Some(at) => Change::Keep(Some(at as u64)),
+                None => {
+                    now.copy_from_slice(&data[..n]);
+                    Change::Write(None)
+                }
+            }
+        })
+        .await;
+    }
+    let backend = match export.storage.backend() {
+        Some(b) if b.compares_and_writes() => b.clone(),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::NotSupported,
+                "a compare-and-write cannot be made atomic here: other servers write this \
+                 storage, and it has no such operation of its own",
+            ))
+        }
+    };
+    let export = export.clone();
+    exec::run_on_its_thread(backend, move |b| {
+        let _range = export.writes.exclusive(offset, cmp.len() as u64);
+        b.compare_and_write(&cmp, &data, offset, fua)
+            .map_err(|e| error("compare and write", offset, &e))
+    })
+    .await
+}
+
 /// Writes `data` at `offset` through to stable storage, reads it back and
 /// compares: the first byte that differs, if one does.
 ///

@@ -41,6 +41,11 @@ pub type PeerFence =
 pub trait Peers: Send + Sync + std::fmt::Debug {
     /// Portals of the other live servers, for `x-braid:portal`.
     fn portals(&self) -> Vec<String>;
+    /// iSCSI portals of the other live servers with their portal group
+    /// tags, for SendTargets.
+    fn iscsi_portals(&self) -> Vec<(std::net::SocketAddr, u16)> {
+        Vec::new()
+    }
     /// What to report as `x-braid:instance` for this export instead of the
     /// process's own: `None` keeps the process's.
     fn instance(&self) -> Option<braid_proto::braid_ns::InstanceId>;

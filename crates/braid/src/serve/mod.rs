@@ -300,7 +300,6 @@ impl ServeConfig {
             ));
         }
         if iscsi.is_some()
-            && !cfg!(feature = "rbd")
             && !iscsi_can.fenced_across_gateways
             && args
                 .exports
@@ -429,11 +428,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 }
             );
         }
+        // iSCSI sessions are registered apart from NBD's connections, and
+        // a gateway's fences reach both.
+        let iscsi_sessions = Arc::new(braid_store::registry::Registry::new());
         // In every RBD image's gateway registry before a client can come.
-        gateway.start(&target).await?;
+        gateway.start(&target, &iscsi_sessions).await?;
         // Bound before anything says the server is up.
         let iscsi = match cfg.iscsi {
             Some(port) => {
+                let port_offset = gateway.iscsi_port_offset(&cfg.state_dir).await?;
                 let settings = braid_iscsi_target::IscsiConfig {
                     iqn_prefix: cfg.iscsi_iqn.clone(),
                     access: cfg.iscsi_access.clone(),
@@ -442,8 +445,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     limits: cfg.limits.clone(),
                     instance: target.instance().0,
                     timers: cfg.iscsi_timers,
+                    connections: iscsi_sessions,
+                    port_offset,
                 };
-                Some(iscsi::start(&target, &portals, port, settings).await?)
+                let started = iscsi::start(&target, &portals, port, settings).await?;
+                let published = started.1.portals();
+                let published = published.iter().map(|p| (p.addr.to_string(), p.tag));
+                gateway.publish_iscsi(published.collect()).await?;
+                Some(started)
             }
             None => None,
         };

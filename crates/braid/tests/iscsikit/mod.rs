@@ -25,6 +25,9 @@ pub struct Reply {
     pub status: u8,
     /// Sense key, ASC and ASCQ of a CHECK CONDITION.
     pub sense: Option<(u8, u8, u8)>,
+    /// The fixed sense data's INFORMATION field, when VALID is set (the
+    /// offset of the first byte that differed, for a MISCOMPARE).
+    pub information: Option<u32>,
     pub data: Vec<u8>,
 }
 
@@ -397,6 +400,7 @@ impl Initiator {
                     let reply = Reply {
                         status: p.bhs.0[3],
                         sense: None,
+                        information: None,
                         data: t.data_in,
                     };
                     self.done.insert(itt, reply);
@@ -407,12 +411,16 @@ impl Initiator {
                 let mut t = self.tasks.remove(&itt).expect("a response to a task sent");
                 let sense =
                     (p.data.len() >= 2 + 14).then(|| (p.data[4] & 0x0f, p.data[14], p.data[15]));
+                // After the 2-byte SenseLength: byte 0's VALID bit, bytes 3..7.
+                let information = (p.data.len() >= 2 + 7 && p.data[2] & 0x80 != 0)
+                    .then(|| u32::from_be_bytes(p.data[5..9].try_into().expect("4 bytes")));
                 t.data_in.truncate(t.received);
                 self.done.insert(
                     itt,
                     Reply {
                         status: p.bhs.0[3],
                         sense,
+                        information,
                         data: t.data_in,
                     },
                 );

@@ -92,6 +92,35 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The OS error.
     fn flush(&self) -> io::Result<()>;
 
+    /// Whether [`Self::compare_and_write`] is the storage's own operation,
+    /// atomic against every writer of it, other servers' too (a Ceph
+    /// image that several gateways write).
+    fn compares_and_writes(&self) -> bool {
+        false
+    }
+
+    /// Compares `cmp` with the medium at `offset` and writes `data` (as
+    /// long as `cmp`) there only if every byte matched, as one operation
+    /// of the storage itself: `Ok(None)` when written, `Ok(Some(at))` when
+    /// not, byte `at` (from `offset`) being the first that differed.
+    /// Only where [`Self::compares_and_writes`].
+    ///
+    /// # Errors
+    ///
+    /// The storage's error; `Unsupported` where it has no such operation.
+    fn compare_and_write(
+        &self,
+        _cmp: &[u8],
+        _data: &[u8],
+        _offset: u64,
+        _fua: bool,
+    ) -> io::Result<Option<u64>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this storage has no compare-and-write operation of its own",
+        ))
+    }
+
     /// Whether the backend can no longer promise durability (a cache
     /// flush failed) until it is reopened.
     fn failed(&self) -> bool {
