@@ -13,7 +13,7 @@
 //! otherwise wait for it.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use braid_proto::braid_ns::ConnId;
@@ -209,31 +209,5 @@ impl RbdVolume {
             super::join::join(self, portals)?;
         }
         Ok(())
-    }
-}
-
-/// Callbacks run once an image rejoined on a new client: a watch that
-/// other parts keep on the image's objects (its shared reservations) was
-/// registered through the old client, which no longer hears anything, and
-/// must be registered again through the new one.
-#[derive(Default)]
-pub(crate) struct OnRejoin(Mutex<Vec<Box<dyn Fn() + Send + Sync>>>);
-
-impl OnRejoin {
-    pub(crate) fn add(&self, f: Box<dyn Fn() + Send + Sync>) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(f);
-    }
-
-    fn run(&self) {
-        for f in self.0.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            f();
-        }
-    }
-}
-
-impl std::fmt::Debug for OnRejoin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().unwrap_or_else(|p| p.into_inner()).len();
-        write!(f, "OnRejoin({n})")
     }
 }

@@ -52,7 +52,7 @@ pub struct RbdVolume {
     /// Bounds on braid's own RADOS operations of the image.
     pub(super) deadlines: super::deadline::Deadlines,
     /// What must follow the image onto a new client (`client.rs`).
-    pub(super) on_rejoin: super::client::OnRejoin,
+    pub(super) on_rejoin: super::rejoin::OnRejoin,
 }
 
 /// The open image of the current incarnation.
