@@ -1,0 +1,81 @@
+//! iSCSI through two gateways of one Ceph RBD image (`cephkit`'s
+//! throwaway cluster) as initiators with a session on each expect it: a
+//! LOGICAL UNIT RESET through one gateway resets the image's unit, so
+//! every I_T nexus, on whichever gateway, is told so on its next command
+//! (BUS DEVICE RESET FUNCTION OCCURRED), as SAM-5 asks of a reset.
+
+#![cfg(feature = "rbd")]
+
+mod cephkit;
+mod common;
+mod iscsikit;
+
+use std::net::SocketAddr;
+
+use braid_test_needs::needs;
+use common::Serve;
+use iscsikit::{who, Initiator, CHECK_CONDITION, GOOD};
+
+const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
+const NODE_A: &str = "iqn.2026-11.org.example:node-a";
+const NODE_B: &str = "iqn.2026-11.org.example:node-b";
+
+/// RFC 7143 11.5.1's LOGICAL UNIT RESET.
+const LUN_RESET: u8 = 5;
+/// UNIT ATTENTION, BUS DEVICE RESET FUNCTION OCCURRED.
+const DEVICE_RESET: (u8, u8, u8) = (0x6, 0x29, 0x03);
+const TEST_UNIT_READY: [u8; 6] = [0; 6];
+
+/// A gateway of `img` with iSCSI on `port`.
+fn gateway(c: &cephkit::Cluster, img: &cephkit::Image, port: u16) -> (Serve, SocketAddr) {
+    let g = c.gateway(img, &["--iscsi", &port.to_string()]);
+    (g, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[needs("ceph-mon")]
+fn a_logical_unit_reset_through_one_gateway_is_told_to_the_sessions_on_the_other() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("lureset", "16M", Some("layering"));
+    let (_g1, at1) = gateway(c, &img, common::free_port());
+    let (_g2, at2) = gateway(c, &img, common::free_port());
+
+    let mut a = Initiator::login_as(at1, TARGET, &who(NODE_A, 1));
+    let mut b = Initiator::login_as(at2, TARGET, &who(NODE_B, 1));
+    let mut b1 = Initiator::login_as(at1, TARGET, &who(NODE_B, 2));
+    assert_eq!(b.exec(&TEST_UNIT_READY, &[], 0).status, GOOD);
+
+    assert_eq!(
+        a.task_management(LUN_RESET, 0xffff_ffff),
+        0,
+        "LOGICAL UNIT RESET through gateway 1: FUNCTION COMPLETE"
+    );
+    let r = b.exec(&TEST_UNIT_READY, &[], 0);
+    assert_eq!(
+        (r.status, r.sense),
+        (CHECK_CONDITION, Some(DEVICE_RESET)),
+        "the next command through gateway 2 after a reset through gateway 1: {r:?}"
+    );
+    assert_eq!(
+        b.exec(&TEST_UNIT_READY, &[], 0).status,
+        GOOD,
+        "reported once"
+    );
+    let r = b1.exec(&TEST_UNIT_READY, &[], 0);
+    assert_eq!(
+        r.sense,
+        Some(DEVICE_RESET),
+        "another nexus on gateway 1 is told too: {r:?}"
+    );
+    let r = a.exec(&TEST_UNIT_READY, &[], 0);
+    assert_eq!(
+        r.sense,
+        Some(DEVICE_RESET),
+        "and so is the nexus that reset: {r:?}"
+    );
+    b.write10(8, &[0xb; 512]);
+    assert_eq!(
+        a.read10(8, 1),
+        [0xb; 512],
+        "both serve the unit after the reset"
+    );
+}
