@@ -79,3 +79,55 @@ fn a_logical_unit_reset_through_one_gateway_is_told_to_the_sessions_on_the_other
         "both serve the unit after the reset"
     );
 }
+
+/// READ CAPACITY (16)'s LBPME and LBPRZ: whether the unit is thin, and
+/// whether what UNMAP deallocates reads back as zeroes.
+fn provisioning(i: &mut Initiator) -> (bool, bool) {
+    let r = i.exec(
+        &[0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0],
+        &[],
+        32,
+    );
+    assert_eq!(r.status, GOOD, "READ CAPACITY (16): {r:?}");
+    (r.data[14] & 0x80 != 0, r.data[14] & 0x40 != 0)
+}
+
+/// UNMAP of `blocks` blocks at `lba`.
+fn unmap(i: &mut Initiator, lba: u64, blocks: u32) -> u8 {
+    let mut params = vec![0, 22, 0, 16, 0, 0, 0, 0];
+    params.extend_from_slice(&lba.to_be_bytes());
+    params.extend_from_slice(&blocks.to_be_bytes());
+    params.extend_from_slice(&[0; 4]);
+    i.exec(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &params, 0)
+        .status
+}
+
+#[needs("ceph-mon")]
+fn what_unmap_promises_of_an_unaligned_range_holds_on_rbd() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("unmap", "16M", Some("layering"));
+    let (_g, at) = gateway(c, &img, common::free_port());
+    let mut i = Initiator::login_as(at, TARGET, &who(NODE_A, 1));
+    let (thin, zeroes) = provisioning(&mut i);
+    // 4 KiB from LBA 9: under librbd's 64 KiB discard granularity, and
+    // off any 4 KiB boundary.
+    i.write10(0, &[0x5a; 64 << 10]);
+    assert_eq!(unmap(&mut i, 9, 8), GOOD, "UNMAP (thin: {thin})");
+    let back = i.read10(0, 128);
+    assert!(
+        back[..9 * 512].iter().all(|&b| b == 0x5a),
+        "before the range"
+    );
+    assert!(
+        back[17 * 512..].iter().all(|&b| b == 0x5a),
+        "after the range"
+    );
+    if zeroes {
+        assert!(
+            back[9 * 512..17 * 512].iter().all(|&b| b == 0),
+            "READ CAPACITY (16) says LBPRZ: unmapped blocks read as zeroes, yet the 8 \
+             blocks at 9 read back as they were written"
+        );
+    }
+    assert!(thin, "an RBD image is thin: LBPME");
+}
