@@ -8,12 +8,15 @@
 
 mod cephkit;
 mod common;
+mod failkit;
 mod iscsikit;
+mod labkit;
 
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use braid_test_needs::needs;
-use common::Serve;
+use common::{signal, Serve};
 use iscsikit::{who, Initiator, CHECK_CONDITION, GOOD};
 
 const TARGET: &str = "iqn.2026-11.org.braid-storage:vol";
@@ -130,4 +133,83 @@ fn what_unmap_promises_of_an_unaligned_range_holds_on_rbd() {
         );
     }
     assert!(thin, "an RBD image is thin: LBPME");
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[needs("ceph-mon")]
+fn braids_initiator_over_two_gateways_loses_nothing_when_one_is_killed_and_restarted() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("iscsikill", "32M", Some("layering"));
+    let lease = ["--gateway-lease", "3"];
+    let (p1, p2) = (common::free_port(), common::free_port());
+    let g2_args = |p: u16| -> Vec<String> {
+        ["--iscsi", &p.to_string(), lease[0], lease[1]]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    let start_gw = |p: u16| {
+        let a = g2_args(p);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        c.gateway(&img, &a)
+    };
+    let _g1 = start_gw(p1);
+    let mut g2 = start_gw(p2);
+    let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+    let uri = format!("iscsi://127.0.0.1:{p1}/{TARGET}/0");
+    // Writes of a size hosts send (Linux splits at 128 KiB to 1 MiB).
+    let bs = 128 * 1024;
+    let rt = rt();
+    let (log, acked, replay) = rt.block_on(async {
+        let vol = failkit::open(&uri, |cfg| cfg.portals = vec![at(p1), at(p2)]).await;
+        assert_eq!(vol.report().paths.len(), 2, "a path to each gateway");
+        let start = Instant::now();
+        let w = failkit::Workload {
+            blocks: 128,
+            bs,
+            depth: 8,
+            duration: Duration::from_secs(10),
+        };
+        let load = tokio::spawn(failkit::run(vol.clone(), w, start));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        signal(g2.pid(), libc::SIGKILL);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        drop(std::mem::replace(&mut g2, start_gw(p2)));
+        let log = load.await.unwrap();
+        let bad = failkit::check_acknowledged(&vol, &log, bs).await;
+        assert!(bad.is_empty(), "{bad:?}");
+        let acked: Vec<(u64, u64)> = log.acked.iter().map(|(b, (v, _))| (*b, *v)).collect();
+        let r = vol.report();
+        let failed = |p: u16| {
+            cephkit::path_to(&r, &at(p).to_string())
+                .figures
+                .counters
+                .failures
+        };
+        let failures = (failed(p1), failed(p2));
+        let replay = r.replay.clone();
+        vol.close().await;
+        (log, acked, (replay, failures))
+    });
+    let (replay, (g1_failures, g2_failures)) = replay;
+    // Without a cache every write a gateway acknowledged is in the
+    // cluster: its restart is no restart of the unit, so the initiator
+    // writes nothing again, and never takes the other gateway's path for
+    // one to a process that is gone.
+    assert_eq!(
+        (replay.replays, g1_failures),
+        (0, 0),
+        "replays, and failures of the path to the gateway that lived (the restarted one's: \
+         {g2_failures}): {replay:?}"
+    );
+    assert!(log.errors.is_empty(), "I/O errors: {:?}", log.errors);
+    assert!(log.mismatches.is_empty(), "{:?}", log.mismatches);
+    failkit::assert_holds(&img.export(), &acked, bs, "in the cluster");
+    drop(g2);
 }
