@@ -271,3 +271,21 @@ fn a_stalled_gateways_held_write_never_lands_over_a_newer_one() {
     failkit::assert_holds(&img.export(), &acked, bs, "in the cluster after the stall");
     drop(g2);
 }
+
+#[needs("ceph-mon")]
+fn a_reserve_six_ends_on_every_gateway_before_its_logout_is_answered() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("r6logout", "16M", Some("layering"));
+    let (_g1, at1) = gateway(c, &img, common::free_port());
+    let (_g2, at2) = gateway(c, &img, common::free_port());
+    let mut a = Initiator::login_as(at1, TARGET, &who(NODE_A, 1));
+    let mut b = Initiator::login_as(at2, TARGET, &who(NODE_B, 1));
+    const RESERVE6: [u8; 6] = [0x16, 0, 0, 0, 0, 0];
+    assert_eq!(a.exec(&RESERVE6, &[], 0).status, GOOD);
+    assert_eq!(a.logout(), 0, "logout");
+    let r = b.exec(&RESERVE6, &[], 0);
+    assert_eq!(
+        r.status, GOOD,
+        "RESERVE (6) through gateway 2 right after the holder logged out of gateway 1: {r:?}"
+    );
+}
