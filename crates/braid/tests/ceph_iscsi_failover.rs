@@ -289,3 +289,55 @@ fn a_reserve_six_ends_on_every_gateway_before_its_logout_is_answered() {
         "RESERVE (6) through gateway 2 right after the holder logged out of gateway 1: {r:?}"
     );
 }
+
+/// A gateway killed for good: braid's target is fenced by reinstating
+/// the failed session through its own portal group, which only the dead
+/// gateway serves (without reservations the failed path's writes wait out
+/// the no-path timeout, 60 s, then fail). With `--persistent-reservations`
+/// the fence is a PREEMPT AND ABORT through the live gateway, which the
+/// dead one cannot answer, so it is blocklisted before GOOD: the writes go
+/// on at once.
+#[needs("ceph-mon")]
+fn with_reservations_a_gateway_killed_for_good_is_fenced_through_the_other() {
+    let Some(c) = cephkit::ceph() else { return };
+    let img = c.image("iscsigone", "32M", Some("layering"));
+    let (p1, p2) = (common::free_port(), common::free_port());
+    let gw = |p: u16| c.gateway(&img, &["--iscsi", &p.to_string(), "--gateway-lease", "3"]);
+    let (g1, g2) = (gw(p1), gw(p2));
+    let at = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+    let uri = format!("iscsi://127.0.0.1:{p1}/{TARGET}/0");
+    let bs = 128 << 10;
+    let rt = rt();
+    let (log, acked) = rt.block_on(async {
+        let vol = failkit::open(&uri, |cfg| {
+            cfg.portals = vec![at(p1), at(p2)];
+            cfg.persistent_reservations = true;
+        })
+        .await;
+        let w = failkit::Workload {
+            blocks: 64,
+            bs,
+            depth: 8,
+            duration: Duration::from_secs(8),
+        };
+        let load = tokio::spawn(failkit::run(vol.clone(), w, Instant::now()));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        signal(g2.pid(), libc::SIGKILL);
+        let log = load.await.unwrap();
+        let bad = failkit::check_acknowledged(&vol, &log, bs).await;
+        assert!(bad.is_empty(), "{bad:?}");
+        assert_eq!(vol.report().replay.replays, 0);
+        vol.close().await;
+        let acked: Vec<(u64, u64)> = log.acked.iter().map(|(b, (v, _))| (*b, *v)).collect();
+        (log, acked)
+    });
+    assert!(log.errors.is_empty(), "I/O errors: {:?}", log.errors);
+    assert!(log.mismatches.is_empty(), "{:?}", log.mismatches);
+    failkit::assert_holds(&img.export(), &acked, bs, "in the cluster");
+    assert!(
+        g1.log().contains("PREEMPT AND ABORT"),
+        "the fence went through gateway 1: {}",
+        g1.log()
+    );
+    drop(g2);
+}
