@@ -93,13 +93,18 @@ impl Backend for RbdVolume {
     }
 
     fn trim(&self, offset: u64, len: u64, fua: bool) -> io::Result<()> {
-        // A hint: librbd leaves ranges under its discard granularity as
-        // they are, which TRIM allows.
+        // write_zeroes, not discard: librbd's discard leaves whatever is
+        // under its 64 KiB granularity (and the partial ends of a larger
+        // range) as it was, yet the unit tells iSCSI initiators that
+        // unmapped blocks read as zeroes (LBPRZ) at a granularity of one
+        // block, which they rely on to zero by UNMAP. write_zeroes
+        // deallocates the whole objects in the range as discard does and
+        // writes zeroes over the rest.
         self.within(offset, len)?;
         let _inflight = self.begin_write()?;
         self.before_write()?;
         let image = self.image();
-        self.check(image.discard(offset, len))?;
+        self.check(image.write_zeroes(offset, len))?;
         if fua && self.ceph.caches() {
             self.check(image.flush())?;
         }

@@ -70,8 +70,7 @@ pub(crate) struct Lun {
 /// shared, every server learns that it ended.
 impl Drop for Lun {
     fn drop(&mut self) {
-        let lu = &self.served.lu;
-        if lu.shared.is_none() || lu.reservations().reserved_by() != Some(&self.nexus.name) {
+        if !self.holds_shared_reserve() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -79,6 +78,26 @@ impl Drop for Lun {
         };
         let (served, name) = (self.served.clone(), self.nexus.name.clone());
         rt.spawn(async move { unitshared::nexus_lost(&served.lu, Some(&name)).await });
+    }
+}
+
+impl Lun {
+    /// Whether this nexus holds a RESERVE (6) of reservations every
+    /// server shares.
+    fn holds_shared_reserve(&self) -> bool {
+        let lu = &self.served.lu;
+        lu.shared.is_some() && lu.reservations().reserved_by() == Some(&self.nexus.name)
+    }
+
+    /// The nexus ends by a logout: a RESERVE (6) it holds ends on every
+    /// server before the logout is answered, so an initiator that sends
+    /// RESERVE through another server once it has the answer is not
+    /// refused (the end of a nexus that just drops is told in the
+    /// background, from [`Drop`]).
+    pub(crate) async fn logging_out(&self) {
+        if self.holds_shared_reserve() {
+            unitshared::nexus_lost(&self.served.lu, Some(&self.nexus.name)).await;
+        }
     }
 }
 

@@ -567,6 +567,7 @@ async fn handle(
             // Commands already taken finish and are answered first.
             if let Some(c) = cmds {
                 c.drain().await;
+                c.lun.logging_out().await;
             }
             outbox.pdu(reply(Opcode::LogoutResponse), Bytes::new(), Sn::Takes);
             debug!("logout");

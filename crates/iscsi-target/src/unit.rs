@@ -15,6 +15,17 @@ use crate::export::Export;
 /// The unit as SCSI describes it through the portal with tag `tag`, of
 /// the target named `target`, served by the process `instance`.
 pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit {
+    // The instance tells an initiator whether what was acknowledged may be
+    // gone. Servers of one export that lose nothing when one of them dies
+    // (a Ceph image's gateways without a cache) name the export's, as
+    // they do over NBD: else each gateway's path would look like one to
+    // another process, a restart, and the initiator would fail the other
+    // gateway's path and write its whole window again at every change.
+    let instance = export
+        .peers
+        .as_ref()
+        .and_then(|p| p.instance())
+        .map_or(instance, |i| i.0);
     let a = export.storage.abilities();
     // UNMAP punches holes, which read back as zeroes; without allocation
     // status GET LBA STATUS could not answer. Storage reached elsewhere

@@ -8,7 +8,9 @@
 //! nexuses (tasks to end, unit attentions) and reads the state again; the
 //! command is answered once each has done so, or was fenced. RESERVE (6)
 //! and RELEASE (6) go the same way, and so does the end of a RESERVE
-//! (6) with its nexus or a reset of the unit. PERSISTENT RESERVE IN reads
+//! (6) with its nexus or a reset of the unit; a reset is told even when
+//! it changed no reservation, and every other server ends its tasks and
+//! raises its unit attention. PERSISTENT RESERVE IN reads
 //! the state before it answers.
 //!
 //! Every other command is checked against this server's copy, which is
@@ -28,6 +30,7 @@ use braid_store::shared::SharedState;
 use tracing::warn;
 
 use super::lu::{parse, read, LogicalUnit, Nexus};
+use super::task::abort_all;
 
 const INTERNAL_TARGET_FAILURE: Sense = Sense::new(Key::HardwareError, 0x44, 0x00);
 const ABORTED_COMMAND: Sense = Sense::new(Key::AbortedCommand, 0x00, 0x00);
@@ -77,6 +80,11 @@ async fn changed_elsewhere(lu: &LogicalUnit, text: &[u8]) -> Result<(), String> 
         let _one = lu.deciding.lock().await;
         let r = blocking(move || read(shared.as_ref())).await?;
         *lu.reservations() = r;
+    }
+    if fx.reset {
+        tracing::info!("the unit was reset through another gateway: ending every task here");
+        abort_all(&lu.tasks.select(|_, _| true)).await;
+        lu.reset();
     }
     lu.carry_out(fx).await;
     Ok(())
@@ -141,21 +149,30 @@ pub(crate) async fn reserve_or_release(
     }
 }
 
-/// `name`'s nexus ended (`None`: the unit was reset): a RESERVE (6) it
-/// held ends on every server too. Nothing to do for a unit of its own.
+/// `name`'s nexus ended: a RESERVE (6) it held ends on every server too.
+/// `None`: the unit was reset through this server, which is the image's
+/// unit whatever server a nexus reaches it through: every other server
+/// also ends every task and tells every nexus (BUS DEVICE RESET FUNCTION
+/// OCCURRED) before this returns, even when no reservation changed.
+/// Nothing to do for a unit of its own.
 pub(crate) async fn nexus_lost(lu: &LogicalUnit, name: Option<&NexusName>) {
     let Some(shared) = lu.shared.clone() else {
         return;
     };
     let ended = change(lu, &shared, |current| {
-        legacy(current, |next| {
+        let (next, fx) = legacy(current, |next| {
             next.nexus_lost(name);
             Ok(())
-        })
+        })?;
+        let reset = name.is_none();
+        Ok((next, Effects { reset, ..fx }))
     })
     .await;
     if ended.is_err() {
-        warn!("a RESERVE (6) that ended here may still be held in the shared reservations");
+        warn!(
+            "a RESERVE (6) that ended here may still be held in the shared reservations, and \
+             a reset may not have reached the other gateways' sessions"
+        );
     }
 }
 
@@ -177,7 +194,8 @@ fn legacy(
 
 /// Decides with `decide` on the shared state as it is, stores the result
 /// if it changed and no other server changed the state first (else
-/// decides again), then tells every other server.
+/// decides again), then tells every other server (also of a reset, which
+/// changes nothing stored).
 async fn change(
     lu: &LogicalUnit,
     shared: &Arc<dyn SharedState>,
@@ -199,6 +217,12 @@ async fn change(
                         continue;
                     }
                     *lu.reservations() = next;
+                    fx
+                }
+                // A reset changes no reservation, yet every server must
+                // act on it.
+                Ok((_, fx)) if fx.reset => {
+                    *lu.reservations() = current;
                     fx
                 }
                 decided => {

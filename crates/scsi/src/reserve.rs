@@ -154,6 +154,11 @@ pub struct Effects {
     /// The state changed, and must be saved (or its saved copy removed)
     /// before the command is answered.
     pub changed: bool,
+    /// The unit was reset (LOGICAL UNIT RESET, TARGET WARM RESET): every
+    /// task of every nexus ends and every nexus is told so. Never set by a
+    /// PERSISTENT RESERVE OUT; servers of a shared unit send it to each
+    /// other.
+    pub reset: bool,
 }
 
 const INVALID_FIELD_IN_PARAMETERS: Sense = Sense::new(Key::IllegalRequest, 0x26, 0x00);

@@ -41,9 +41,12 @@ impl Reservations {
 impl Effects {
     /// What other servers must do for this change, as text: one line per
     /// nexus whose tasks end (`abort PORT NAME`) and per unit attention
-    /// (`tell ASC ASCQ PORT NAME`).
+    /// (`tell ASC ASCQ PORT NAME`), and `reset` when the unit was reset.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
+        if self.reset {
+            s += "reset\n";
+        }
         for n in &self.abort {
             s += &format!("abort {} {}\n", n.target_port, escape(&n.initiator_port));
         }
@@ -80,6 +83,7 @@ impl Effects {
             };
             let f: Vec<&str> = line.split(' ').collect();
             match f.as_slice() {
+                ["reset"] => fx.reset = true,
                 ["abort", port, name] => fx.abort.push(nexus(port, name)?),
                 ["tell", asc, ascq, port, name] => {
                     let byte = |h: &str| u8::from_str_radix(h, 16).map_err(|_| bad());
@@ -142,8 +146,11 @@ mod tests {
             tell: vec![(b.clone(), REGISTRATIONS_PREEMPTED)],
             abort: vec![b, a],
             changed: true,
+            reset: false,
         };
         assert_eq!(Effects::from_text(&fx.to_text()).unwrap(), fx);
+        let reset = Effects { reset: true, ..fx };
+        assert_eq!(Effects::from_text(&reset.to_text()).unwrap(), reset);
         assert!(Effects::from_text("abort x y\n").is_err());
     }
 }
