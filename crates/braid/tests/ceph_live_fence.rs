@@ -59,6 +59,15 @@ fn a_live_gateways_path_fault_ends_with_its_connections_dropped_and_no_blocklist
         cfg.policy = Some("failover".into());
     };
     let (log, acked) = failkit::under_load(&a.uri("vol"), cfg, 8, Duration::from_secs(8), || {
+        // The cut must find writes in flight on the path through the
+        // relay, or there is nothing to fence: wait until writes flow
+        // there (on a busy machine the load may start late).
+        let before = relay.sent();
+        assert!(
+            common::wait_until(Duration::from_secs(10), || relay.sent()
+                > before + (1 << 20)),
+            "no writes went through the relay to B (its path never carried the load)"
+        );
         relay.cut_and_hold()
     });
     let (a_log, b_log) = (a.log(), b.log());

@@ -8,10 +8,11 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -22,6 +23,8 @@ pub struct Relay {
     gate: watch::Sender<bool>,
     epoch: watch::Sender<u64>,
     live: Arc<AtomicUsize>,
+    /// Bytes carried from clients to upstream.
+    sent: Arc<AtomicU64>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -36,6 +39,8 @@ impl Relay {
         let (stop, mut stopped) = watch::channel(false);
         let live = Arc::new(AtomicUsize::new(0));
         let counted = live.clone();
+        let sent = Arc::new(AtomicU64::new(0));
+        let carried = sent.clone();
         let listen = listen.to_owned();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -53,8 +58,9 @@ impl Relay {
                     counted.fetch_add(1, Ordering::SeqCst);
                     let _ = accepted_tx.send(());
                     let (gate, epoch, live) = (gate_rx.clone(), epoch_rx.clone(), counted.clone());
+                    let carried = carried.clone();
                     tokio::spawn(async move {
-                        relay(client, upstream, gate, epoch).await;
+                        relay(client, upstream, gate, epoch, &carried).await;
                         live.fetch_sub(1, Ordering::SeqCst);
                     });
                 }
@@ -69,6 +75,7 @@ impl Relay {
             gate,
             epoch,
             live,
+            sent,
             stop,
             thread: Some(thread),
         }
@@ -83,6 +90,12 @@ impl Relay {
     /// Lets held and new connections through.
     pub fn open(&self) {
         self.gate.send_replace(true);
+    }
+
+    /// Bytes carried so far from clients to upstream (requests, for a
+    /// relay in front of a target).
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
     }
 
     /// Connections accepted and not yet ended.
@@ -108,6 +121,7 @@ async fn relay(
     upstream: SocketAddr,
     mut gate: watch::Receiver<bool>,
     mut epoch: watch::Receiver<u64>,
+    sent: &AtomicU64,
 ) {
     let born = *epoch.borrow();
     let work = async {
@@ -117,7 +131,27 @@ async fn relay(
         let Ok(mut server) = TcpStream::connect(upstream).await else {
             return;
         };
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        let (mut from_client, mut to_client) = client.split();
+        let (mut from_server, mut to_server) = server.split();
+        let up = async {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = match from_client.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if to_server.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+                sent.fetch_add(n as u64, Ordering::SeqCst);
+            }
+            let _ = to_server.shutdown().await;
+        };
+        let down = async {
+            let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+            let _ = to_client.shutdown().await;
+        };
+        tokio::join!(up, down);
     };
     tokio::select! {
         () = work => {}
