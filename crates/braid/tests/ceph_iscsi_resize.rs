@@ -63,7 +63,8 @@ const TUR: [u8; 6] = [0; 6];
 /// most 10 s (librbd's watcher tells the gateway in its own time); checks
 /// it is CAPACITY DATA HAS CHANGED, and that it is told once.
 fn told_capacity_changed(i: &mut Initiator, who: &str, gw: &Serve) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(10);
     let told: Reply = loop {
         let r = i.exec(&TUR, &[], 0);
         if !r.good() || Instant::now() > deadline {
@@ -76,6 +77,10 @@ fn told_capacity_changed(i: &mut Initiator, who: &str, gw: &Serve) {
         (CHECK_CONDITION, Some(CAPACITY_CHANGED)),
         "{who}: TEST UNIT READY within 10 s of rbd resize; gateway's log:\n{}",
         gw.log()
+    );
+    eprintln!(
+        "{who}: told {:?} after rbd resize returned",
+        start.elapsed()
     );
     let again = i.exec(&TUR, &[], 0);
     assert_eq!(
