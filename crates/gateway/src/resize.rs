@@ -10,6 +10,11 @@
 //!   the size once, in the handshake, and has no way to tell it again, so a
 //!   client connected before keeps the size it was told until it
 //!   reconnects.
+//! - An iSCSI session already logged in is told at its next command:
+//!   its unit follows the size read here, and its nexus is owed CAPACITY
+//!   DATA HAS CHANGED (`braid-iscsi-target`'s `unit::Described`). Every
+//!   gateway hears librbd's watch for itself, so each tells its own
+//!   sessions, with no message between gateways.
 //! - Such a client may still send a write past the new end of a shrunk
 //!   image. librbd would cut it at the end it knows and report success, so
 //!   every write is checked against the size here first and refused whole
@@ -59,7 +64,8 @@ impl RbdVolume {
         if before != now {
             info!(
                 "{}: the image was resized from {} to {} (rbd resize): new connections see the \
-                 new size; a client connected before keeps the old one until it reconnects{}",
+                 new size and iSCSI sessions are told at their next command; an NBD client \
+                 connected before keeps the old one until it reconnects{}",
                 self.spec,
                 format_size(before),
                 format_size(now),

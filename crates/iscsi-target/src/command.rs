@@ -51,7 +51,8 @@ pub(crate) const MAX_PENDING_WRITE_BYTES: usize = 32 << 20;
 #[derive(Debug)]
 pub(crate) struct Lun {
     pub served: Arc<Served>,
-    pub unit: Unit,
+    /// The unit as this session had it described (use [`Self::unit`]).
+    pub described: unit::Described,
     pub nexus: Nexus,
     pub shared: Arc<Shared>,
     /// The portal group (target port) of the session.
@@ -82,6 +83,25 @@ impl Drop for Lun {
 }
 
 impl Lun {
+    /// The unit as it is now. A change of the export's size since the
+    /// last command (`rbd resize`) is this nexus's news: CAPACITY DATA HAS
+    /// CHANGED, reported to its next command but INQUIRY.
+    pub(crate) fn unit(&self) -> Arc<Unit> {
+        let size = self.served.export.size();
+        self.described.now(size, |was, now| {
+            tracing::info!(
+                export = %self.served.export.name,
+                initiator = %self.nexus.name.initiator_port,
+                was,
+                now,
+                "the unit's capacity changed (blocks): telling the session"
+            );
+            self.served
+                .lu
+                .raise_on(self.nexus.id, Sense::CAPACITY_CHANGED);
+        })
+    }
+
     /// Whether this nexus holds a RESERVE (6) of reservations every
     /// server shares.
     fn holds_shared_reserve(&self) -> bool {
@@ -225,7 +245,8 @@ impl Commands {
         // Another LUN, a unit attention, the port's access state: all
         // answered at once, without the backend.
         let state = self.lun.shared.ports.get(self.lun.tag).state();
-        if let Some(outcome) = dispatch::admit(&self.lun.unit, &self.lun.nexus, state, lun, &cmd) {
+        let unit = self.lun.unit();
+        if let Some(outcome) = dispatch::admit(&unit, &self.lun.nexus, state, lun, &cmd) {
             return self
                 .outbox
                 .send(outcome_batch(itt, outcome, expected, &self.params, None).with_slot(slot));
@@ -245,7 +266,7 @@ impl Commands {
             }
             return;
         }
-        if let Some(moved) = dispatch::data_out(&self.lun.unit, cmd, expected) {
+        if let Some(moved) = dispatch::data_out(&unit, cmd, expected) {
             return self.write(pdu, moved, task, slot);
         }
         let lun = self.lun.clone();
@@ -513,6 +534,7 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
     let (export, wce) = (&lun.served.export, lun.served.lu.write_cache.on());
     let medium = unit::medium(export, wce);
     let groups = || lun.shared.ports.groups();
+    let unit = lun.unit();
     if let (Some(shared), Command::Reserve | Command::Release) = (&lun.served.lu.shared, cmd) {
         let lu = &lun.served.lu;
         let outcome = unitshared::reserve_or_release(lu, shared, &lun.nexus.name, cmd).await;
@@ -523,24 +545,18 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
             return ctl.answer().then_some(answer);
         }
     }
-    let outcome = match dispatch::decide(
-        &lun.served.lu,
-        &lun.nexus.name,
-        &lun.unit,
-        medium,
-        cmd,
-        groups,
-    ) {
-        Step::Answer(outcome) => outcome,
-        Step::UnitWide(cmd) => {
-            unitwide::execute(&lun.served, &lun.unit, &lun.nexus, cmd, data).await
-        }
-        Step::Medium(Command::ExtendedCopy { .. }) => {
-            let params = data.unwrap_or_default();
-            xcopy::execute(&lun.shared, lun.tag, &lun.served, &lun.nexus.name, &params).await
-        }
-        Step::Medium(cmd) => media::execute(export, &lun.unit, wce, cmd, data).await,
-    };
+    let outcome =
+        match dispatch::decide(&lun.served.lu, &lun.nexus.name, &unit, medium, cmd, groups) {
+            Step::Answer(outcome) => outcome,
+            Step::UnitWide(cmd) => {
+                unitwide::execute(&lun.served, &unit, &lun.nexus, cmd, data).await
+            }
+            Step::Medium(Command::ExtendedCopy { .. }) => {
+                let params = data.unwrap_or_default();
+                xcopy::execute(&lun.shared, lun.tag, &lun.served, &lun.nexus.name, &params).await
+            }
+            Step::Medium(cmd) => media::execute(export, &unit, wce, cmd, data).await,
+        };
     if let Outcome::Lost = outcome {
         warn!(
             "{} lost its storage (ESHUTDOWN): closing the connection unanswered \

@@ -251,7 +251,7 @@ async fn full_feature(
     // A normal session is an I_T nexus of its target's unit.
     let mut cmds = served.map(|t| {
         let lun = Lun {
-            unit: unit::describe(&t.export, &t.name, ctx.tag, ctx.shared.instance),
+            described: unit::Described::of(&t.export, &t.name, ctx.tag, ctx.shared.instance),
             nexus: t.lu.join(braid_iscsi::scsi::NexusName::new(
                 &s.initiator,
                 s.isid,

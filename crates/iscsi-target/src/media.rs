@@ -19,7 +19,7 @@ use braid_store::compound::{self, Change};
 use braid_store::exec::{self, Job};
 use bytes::Bytes;
 
-use super::unit::{failed, transfer_len, Outcome, BLOCK};
+use super::unit::{failed, failed_at, transfer_len, Outcome, BLOCK};
 use crate::backend::Extent;
 use crate::export::Export;
 
@@ -40,9 +40,10 @@ fn bytes(blocks: impl Into<u64>) -> u64 {
 /// Runs `job` through the executor; GOOD with no data, or the answer to
 /// its error (`write`: the command changes the medium).
 async fn submit(e: &Arc<Export>, job: Job, payload: Option<Bytes>, write: bool) -> Outcome {
+    let (offset, len) = (job.offset, job.len);
     match exec::submit(e, job, payload).await {
         Ok(_) => Outcome::Good(Vec::new()),
-        Err(err) => failed(&err, write),
+        Err(err) => failed_at(&err, e, offset, len, write),
     }
 }
 

@@ -1,9 +1,12 @@
 //! The LUN behind an iSCSI target as the store's export makes it: how
-//! SCSI describes the export, what [`braid_scsi::dispatch`] needs to know
-//! of its storage, and the one place a block error becomes an answer (the
-//! commands that touch the medium are in [`super::media`]).
+//! SCSI describes the export (and how one session's description follows
+//! its size), what [`braid_scsi::dispatch`] needs to know of its storage,
+//! and the one place a block error becomes an answer (the commands that
+//! touch the medium are in [`super::media`]).
 
-use braid_block::Error;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use braid_block::{Error, ErrorKind};
 use braid_scsi::dispatch::Medium;
 use braid_scsi::respond::Unit;
 use braid_scsi::Sense;
@@ -47,6 +50,47 @@ pub fn describe(export: &Export, target: &str, tag: u16, instance: u128) -> Unit
     }
 }
 
+/// The unit as one session's nexus last had it described, kept with the
+/// session. An export's size can change under a live session (`rbd
+/// resize` of a gateway's image, which the gateway learns from librbd's
+/// watch): everything that answers from the size (READ CAPACITY, the
+/// range checks, the block count in VPD pages and copy descriptors) must
+/// then follow it, and the nexus is owed CAPACITY DATA HAS CHANGED
+/// (SBC-4 4.6). Comparing at each command is enough: a unit attention is
+/// only ever delivered to a command, and the size is one atomic read.
+#[derive(Debug)]
+pub(crate) struct Described(RwLock<Arc<Unit>>);
+
+impl Described {
+    /// The unit as [`describe`] has it now.
+    pub fn of(export: &Export, target: &str, tag: u16, instance: u128) -> Self {
+        Self(RwLock::new(Arc::new(describe(
+            export, target, tag, instance,
+        ))))
+    }
+
+    /// The unit with the export's size as it is now, `size` bytes. When
+    /// that changed since the last call, `changed` runs with the blocks
+    /// before and now, once per change however many commands ask at the
+    /// same time.
+    pub fn now(&self, size: u64, changed: impl FnOnce(u64, u64)) -> Arc<Unit> {
+        let blocks = size / u64::from(BLOCK);
+        let unit = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        if unit.blocks == blocks {
+            return unit.clone();
+        }
+        drop(unit);
+        let mut unit = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if unit.blocks != blocks {
+            changed(unit.blocks, blocks);
+            let mut next = Unit::clone(&unit);
+            next.blocks = blocks;
+            *unit = Arc::new(next);
+        }
+        unit.clone()
+    }
+}
+
 /// What the dispatch needs to know of `export`'s storage, with the
 /// caching page's WCE `write_cache`: whether COMPARE AND WRITE and
 /// ORWRITE are offered (their read and write can be made atomic here, by
@@ -78,4 +122,64 @@ pub(crate) fn failed(e: &Error, write: bool) -> Outcome {
     } else {
         Sense::READ_ERROR
     })
+}
+
+/// As [`failed`], for a job of `len` bytes at `offset` on `export`. A
+/// write the storage refused for want of room that no longer ends inside
+/// the export met a shrink between the range check and the storage (a
+/// gateway reads the size again before it refuses such a write whole:
+/// `resize.rs`): it is answered as the range check answers now, LOGICAL
+/// BLOCK ADDRESS OUT OF RANGE, not as a medium error. (A file export's
+/// size never changes while it is served, so there the rule never
+/// applies.)
+pub(crate) fn failed_at(e: &Error, export: &Export, offset: u64, len: u64, write: bool) -> Outcome {
+    let past_end = offset
+        .checked_add(len)
+        .is_none_or(|end| end > export.size());
+    if write && e.kind == ErrorKind::NoSpace && past_end {
+        return Outcome::Check(Sense::LBA_OUT_OF_RANGE);
+    }
+    failed(e, write)
+}
+
+#[cfg(test)]
+mod tests {
+    use braid_store::backend::FileBackend;
+
+    use super::*;
+
+    #[test]
+    fn a_sessions_unit_follows_the_exports_size_and_a_change_is_news_once() {
+        let storage = Arc::new(FileBackend::memory(8 << 20).unwrap());
+        let export = Export::local("vol", "", storage, false, uuid::Uuid::nil());
+        let described = Described::of(&export, "iqn.2026-11.org.example:t", 1, 7);
+        let mut news = Vec::new();
+        let mut blocks = |size: u64| described.now(size, |was, now| news.push((was, now))).blocks;
+        assert_eq!(blocks(8 << 20), 16384);
+        assert_eq!(blocks(16 << 20), 32768, "grown");
+        assert_eq!(blocks(16 << 20), 32768);
+        assert_eq!(blocks(4 << 20), 8192, "shrunk");
+        assert_eq!(news, [(16384, 32768), (32768, 8192)], "each change once");
+        let unit = described.now(4 << 20, |_, _| panic!("no change"));
+        assert_eq!(
+            (unit.block_size, unit.target_port.as_str()),
+            (512, "iqn.2026-11.org.example:t,t,0x0001"),
+            "the rest of the description kept"
+        );
+    }
+
+    #[test]
+    fn a_write_refused_past_a_new_end_is_out_of_range_not_a_medium_error() {
+        let storage = Arc::new(FileBackend::memory(8 << 20).unwrap());
+        let export = Export::local("vol", "", storage, false, uuid::Uuid::nil());
+        let full = Error::new(ErrorKind::NoSpace, "writing 512 bytes");
+        let answer = |offset, write| match failed_at(&full, &export, offset, 512, write) {
+            Outcome::Check(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(answer(8 << 20, true), Sense::LBA_OUT_OF_RANGE);
+        assert_eq!(answer((8 << 20) - 256, true), Sense::LBA_OUT_OF_RANGE);
+        assert_eq!(answer(0, true), Sense::WRITE_ERROR, "no room inside it");
+        assert_eq!(answer(8 << 20, false), Sense::READ_ERROR);
+    }
 }

@@ -1,6 +1,7 @@
 //! Unit attention conditions (SAM-5 5.14, SPC-5 5.14): news the logical
 //! unit owes one I_T nexus (its port group changed state, another
-//! initiator reset the unit, its reservation was preempted), delivered on
+//! initiator reset the unit, its reservation was preempted, its capacity
+//! changed), delivered on
 //! that nexus's next command instead of running it.
 //!
 //! One [`Attentions`] per I_T nexus, kept by the caller. braid reports
@@ -19,6 +20,9 @@ impl Sense {
     pub const DEVICE_RESET: Sense = Sense::new(Key::UnitAttention, 0x29, 0x03);
     /// ASYMMETRIC ACCESS STATE CHANGED.
     pub const ACCESS_STATE_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x06);
+    /// CAPACITY DATA HAS CHANGED: the unit's size changed under the
+    /// nexus (SBC-4 4.6), as after `rbd resize` of a gateway's image.
+    pub const CAPACITY_CHANGED: Sense = Sense::new(Key::UnitAttention, 0x2a, 0x09);
     /// COMMANDS CLEARED BY ANOTHER INITIATOR: a CLEAR TASK SET ended this
     /// nexus's tasks.
     pub const COMMANDS_CLEARED: Sense = Sense::new(Key::UnitAttention, 0x2f, 0x00);

@@ -506,6 +506,20 @@ impl Initiator {
         r.data
     }
 
+    /// READ CAPACITY (16): the unit's number of blocks and their length;
+    /// panics unless GOOD.
+    pub fn capacity(&mut self) -> (u64, u32) {
+        let r = self.exec(&read_capacity16_cdb(), &[], 32);
+        assert_eq!(
+            (r.status, r.sense),
+            (GOOD, None),
+            "READ CAPACITY (16) status"
+        );
+        let last = u64::from_be_bytes(r.data[0..8].try_into().unwrap());
+        let len = u32::from_be_bytes(r.data[8..12].try_into().unwrap());
+        (last + 1, len)
+    }
+
     /// A NOP-Out ping, answered: every PDU sent before it has been read
     /// and taken by the target (one connection keeps order).
     pub fn ping(&mut self) {
@@ -629,6 +643,15 @@ pub fn read10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
 pub fn write10_cdb(lba: u32, blocks: u16) -> [u8; 10] {
     let mut c = read10_cdb(lba, blocks);
     c[0] = 0x2a;
+    c
+}
+
+/// READ CAPACITY (16) with room for 32 bytes.
+pub fn read_capacity16_cdb() -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    c[13] = 32;
     c
 }
 
