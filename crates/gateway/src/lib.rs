@@ -54,6 +54,7 @@ mod join;
 pub mod lease;
 mod osdmap;
 mod rbd;
+mod record;
 mod rejoin;
 mod reservations;
 mod resize;
