@@ -15,12 +15,14 @@ use braid_store::source::RbdSpec;
 use braid_store::Peers;
 use uuid::Uuid;
 
-/// `--ceph-conf`, `--ceph-id`, `--rbd-cache`, `--gateway-lease`.
+/// `--ceph-conf`, `--ceph-id`, `--ceph-admin-socket`, `--rbd-cache`,
+/// `--gateway-lease`.
 #[derive(Clone, Debug)]
 #[cfg_attr(not(feature = "rbd"), allow(dead_code))]
 pub struct CephSettings {
     pub conf: Option<PathBuf>,
     pub id: Option<String>,
+    pub admin_socket: Option<PathBuf>,
     pub cache: bool,
     pub lease: Duration,
 }
@@ -73,6 +75,7 @@ impl Gateway {
                     connect: braid_rbd_options(&self.settings),
                     lease: self.settings.lease,
                     cache: self.settings.cache,
+                    admin_sockets: self.settings.admin_socket.clone(),
                 };
                 let c = Ceph::connect(opts).map_err(|e| anyhow::anyhow!("export {name:?}: {e}"))?;
                 self.ceph = Some(c.clone());

@@ -179,3 +179,95 @@ fn a_gateway_that_joins_during_a_fence_serves_nothing_the_stale_gateway_can_over
     }
     c.lag_maps(Duration::ZERO);
 }
+
+/// Writes the gateway's RADOS clients sent to the OSDs (librados' own
+/// count, `op_w` of `perf dump`), socket by socket.
+fn writes_sent(sockets: &[std::path::PathBuf]) -> Vec<u64> {
+    sockets
+        .iter()
+        .map(|s| {
+            let said = cephkit::admin_at(s, &serde_json::json!({"prefix": "perf dump"}));
+            let v: serde_json::Value = serde_json::from_str(&said).expect("perf dump is JSON");
+            v["objecter"]["op_w"].as_u64().expect("objecter op_w")
+        })
+        .collect()
+}
+
+/// `--ceph-admin-socket DIR`: each RADOS client of a gateway (the
+/// process's own, and the image's that carries its writes) answers on a
+/// socket of its own there, whose settings change the running client (how
+/// the barrier test above slows one gateway's clients at one moment).
+#[needs("ceph-mon", "nbdsh")]
+fn a_gateways_rados_clients_answer_on_admin_sockets_in_the_directory_named() {
+    let Some(c) = cephkit::ceph_lagging() else {
+        return;
+    };
+    if !common::tool("nbdsh") {
+        return;
+    }
+    let img = c.image("asok", "16M", Some("layering"));
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let refused = common::output(
+        std::process::Command::new(env!("CARGO_BIN_EXE_braid"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--ceph-admin-socket"])
+            .arg(&missing)
+            .arg(format!("vol={}", img.spec())),
+        Duration::from_secs(30),
+    );
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("--ceph-admin-socket") && said.contains("not a directory"),
+        "{said}"
+    );
+    let dir_arg = dir.path().display().to_string();
+    let gw = c.gateway(&img, &["--ceph-admin-socket", &dir_arg]);
+    let sockets = cephkit::sockets_in(dir.path());
+    assert_eq!(
+        sockets.len(),
+        2,
+        "one per client: {sockets:?}\n{}",
+        gw.log()
+    );
+    for s in &sockets {
+        let name = s.file_name().unwrap().to_string_lossy();
+        assert!(
+            name.starts_with("ceph-client.admin.") && name.contains(&format!(".{}.", gw.pid())),
+            "{name}"
+        );
+        for (var, val) in [
+            ("ms_inject_delay_max", "0.25"),
+            ("ms_inject_delay_max", "0"),
+        ] {
+            let set = cephkit::admin_at(
+                s,
+                &serde_json::json!({"prefix": "config set", "var": var, "val": [val]}),
+            );
+            assert!(set.contains("success"), "{name}: {set}");
+            let got =
+                cephkit::admin_at(s, &serde_json::json!({"prefix": "config get", "var": var}));
+            let got: serde_json::Value = serde_json::from_str(&got).expect("config get is JSON");
+            assert_eq!(
+                got[var].as_str().and_then(|v| v.parse::<f64>().ok()),
+                Some(val.parse().unwrap()),
+                "{name}: {got}"
+            );
+        }
+    }
+    // The sockets are the clients that serve: a write through the gateway
+    // is counted by one of them, and reads back.
+    let before = writes_sent(&sockets);
+    let out = common::nbdsh(&format!(
+        "h.connect_uri({:?})\nh.pwrite(b'\\x5a' * {BS}, 0)\nh.flush()\n\
+         print(h.pread({BS}, 0) == b'\\x5a' * {BS})\nh.shutdown()\n",
+        gw.uri("vol")
+    ));
+    assert_eq!(out.trim(), "True", "{}", gw.log());
+    let after = writes_sent(&sockets);
+    assert!(
+        after.iter().zip(&before).any(|(a, b)| a > b),
+        "no client counted the write: {before:?} then {after:?}"
+    );
+    assert!(img.export()[..BS].iter().all(|&b| b == 0x5a));
+}

@@ -64,6 +64,7 @@ mod volume;
 mod watching;
 mod writes;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -94,6 +95,9 @@ pub struct GatewayOptions {
     /// Keep librbd's write cache (writes acknowledged before they reach
     /// the cluster; the gateway then serves alone).
     pub cache: bool,
+    /// Where each RADOS client of this process opens its admin socket
+    /// (`None`: nowhere).
+    pub admin_sockets: Option<PathBuf>,
 }
 
 /// One RADOS client of one image of this process.
@@ -144,8 +148,10 @@ struct Started {
 
 impl Ceph {
     /// Connects to the cluster (blocking). `rbd_cache` is set off unless
-    /// the options keep it, and no admin socket is opened, so that several
-    /// clients on one host never share one.
+    /// the options keep it. Admin sockets are opened only in the directory
+    /// the options name, one per client (`$cctid` tells the clients of one
+    /// process apart): a path from the configuration would be shared by
+    /// every client of this process, and by other processes.
     ///
     /// # Errors
     ///
@@ -158,10 +164,11 @@ impl Ceph {
         // the OSDs get none: librbd's writes share them, and a write must
         // wait out a cluster-wide stall as a librbd client's would.
         let mon = MON_TIMEOUT.as_secs().to_string();
+        let asok = admin_socket(opts.admin_sockets.as_deref());
         opts.connect.settings.extend(
             [
                 ("rbd_cache", cache),
-                ("admin_socket", ""),
+                ("admin_socket", &asok),
                 ("rados_mon_op_timeout", &mon),
                 ("client_mount_timeout", &mon),
             ]
@@ -375,6 +382,18 @@ impl Ceph {
             )),
         }
     }
+}
+
+/// The `admin_socket` setting of every RADOS client of this process: in
+/// `dir`, one per client (Ceph fills in `$cluster`, `$name`, `$pid` and
+/// `$cctid`, the last unique per client within a process); `""` (none)
+/// without a directory.
+fn admin_socket(dir: Option<&Path>) -> String {
+    dir.map_or_else(String::new, |d| {
+        d.join("$cluster-$name.$pid.$cctid.asok")
+            .display()
+            .to_string()
+    })
 }
 
 /// A random tag, never 0.

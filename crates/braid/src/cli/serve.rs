@@ -226,6 +226,16 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME")]
     pub ceph_id: Option<String>,
 
+    /// Give each of the gateway's RADOS clients (one per image, one more
+    /// for the process) an admin socket in this directory, named
+    /// `ceph-client.ID.PID.N.asok`, for `ceph --admin-daemon SOCKET` (`perf
+    /// dump`, `objecter_requests`, `config show`, `config set`); whoever
+    /// may open them may change those clients' settings, so keep DIR
+    /// private. Without it none is opened, whatever the configuration
+    /// says: the clients of one process would share one path
+    #[arg(long, value_name = "DIR")]
+    pub ceph_admin_socket: Option<PathBuf>,
+
     /// Keep librbd's write cache: writes are acknowledged from this
     /// gateway's memory and reach the cluster at FLUSH, so a crash loses
     /// them (clients replay what they did not flush) and no other gateway

@@ -259,23 +259,12 @@ impl Cluster {
         v["epoch"].as_u64().expect("epoch")
     }
 
-    /// One command to a daemon's admin socket (`ceph daemon NAME ...`
-    /// without the Python tool's start-up time): the JSON command, a NUL;
-    /// back a 32-bit big-endian length and the answer.
+    /// One command to a daemon's admin socket (`ceph daemon NAME ...`).
     fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
-        use std::io::{Read, Write};
-        let path = self.dir.join("run").join(format!("ceph-{daemon}.asok"));
-        let mut s = std::os::unix::net::UnixStream::connect(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut req = command.to_string().into_bytes();
-        req.push(0);
-        s.write_all(&req).unwrap();
-        let mut len = [0u8; 4];
-        s.read_exact(&mut len).unwrap();
-        let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
-        s.read_exact(&mut answer).unwrap();
-        String::from_utf8_lossy(&answer).into_owned()
+        admin_at(
+            &self.dir.join("run").join(format!("ceph-{daemon}.asok")),
+            command,
+        )
     }
 
     /// Lines of `ceph osd blocklist ls` that name one of `addrs`.
@@ -362,6 +351,36 @@ impl Cluster {
         args.push(&spec);
         Serve::start_env(&args, env)
     }
+}
+
+/// One command to the admin socket at `path` (`ceph --admin-daemon PATH
+/// ...` without the Python tool's start-up time): the JSON command, a NUL;
+/// back a 32-bit big-endian length and the answer.
+pub fn admin_at(path: &Path, command: &serde_json::Value) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut req = command.to_string().into_bytes();
+    req.push(0);
+    s.write_all(&req).unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut answer = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut answer).unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The admin sockets in `dir` (a gateway's `--ceph-admin-socket`): one per
+/// RADOS client of the process.
+pub fn sockets_in(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "asok"))
+        .collect();
+    found.sort();
+    found
 }
 
 /// fio's nbd engine on `uri`: random reads and writes of `bs` over 16 MiB
