@@ -57,6 +57,9 @@ pub struct ServeFile {
     pub ceph_conf: Option<PathBuf>,
     /// Ceph user for rbd: exports (`--ceph-id`).
     pub ceph_id: Option<String>,
+    /// A directory for an admin socket per RADOS client
+    /// (`--ceph-admin-socket`).
+    pub ceph_admin_socket: Option<PathBuf>,
     /// Keep librbd's write cache (`--rbd-cache`).
     #[serde(default)]
     pub rbd_cache: bool,

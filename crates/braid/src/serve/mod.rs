@@ -322,7 +322,7 @@ impl ServeConfig {
         let ceph = crate::gateway::CephSettings {
             conf: args.ceph_conf.or(file.ceph_conf),
             id: args.ceph_id.or(file.ceph_id),
-            admin_socket: match args.ceph_admin_socket {
+            admin_socket: match args.ceph_admin_socket.or(file.ceph_admin_socket) {
                 Some(dir) if !dir.is_dir() => {
                     return Err(usage(format!(
                         "--ceph-admin-socket {}: not a directory (create it first; each RADOS \
