@@ -1,6 +1,8 @@
 """bench/ceph-lab's results file, from the rows the run collected.
 
-  ceph_lab_report.py ROWS OUT COMMAND DESCRIBE CPUS RATE VERSIONS KILL_AT RUN LOAD
+  ceph_lab_report.py ROWS OUT COMMAND DESCRIBE CPUS RATE VERSIONS KILL_AT RUN LOAD0 LOAD
+
+LOAD0 and LOAD are /proc/loadavg at the start and at the end.
 
 ROWS holds one line a measurement: `WHO CASE FIGURES...` (MB/s, IOPS,
 paths used, MB/s by path), `iperf3-N read|write MB/s`, or `kill LABEL JSON`.
@@ -10,7 +12,7 @@ import datetime
 import json
 import sys
 
-rows, out, command, describe, cpus, rate, versions, kill_at, run, load = sys.argv[1:11]
+rows, out, command, describe, cpus, rate, versions, kill_at, run, load0, load = sys.argv[1:12]
 r = {}
 for line in open(rows):
     f = line.split(None, 2)
@@ -36,7 +38,8 @@ def mb(who, n):
 L = ["# braid gateways on Ceph RBD, a link to each", "",
      f"Written by `{command}` at braid {describe}, "
      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}, on a {cpus}-CPU machine "
-     f"(load average at the end: {' '.join(load.split()[:3])}); "
+     f"shared with other work (load average {load0.split()[0]} at the start, "
+     f"{load.split()[0]} at the end); "
      f"{versions.strip().rstrip(',')} (Debian). `braid-lab` with two paths at {rate} (tbf over "
      "GSO, the lab's reference shaping). In the storage namespace: `scripts/ceph-cluster` (one "
      "monitor, one OSD in memory, pool `rbd` with one copy), one image without exclusive-lock "
@@ -84,8 +87,9 @@ L += ["## Gateway 2 killed mid-run", "",
       "The gap is the longest time after the kill with no request completing; \"in flight\" "
       "is how long the requests outstanding at the kill took to complete elsewhere: those sent "
       "through gateway 2 wait for its fence, as they must (gateway 1 asks gateway 2, whose lease "
-      "is still live, to drop them, gives it 5 s, `ASK_TIMEOUT` in crates/gateway/src/fence.rs, "
-      "and then blocklists it), while the rest go on through gateway 1. MB/s counts the writes "
+      "is still live, 5 s to answer, over NBD to drop them, over iSCSI to act on the PREEMPT AND "
+      "ABORT: `ASK_TIMEOUT` in crates/gateway/src/fence.rs and reservations.rs; then it "
+      "blocklists it), while the rest go on through gateway 1. MB/s counts the writes "
       "and the reads back. Over iSCSI "
       "with `--persistent-reservations`: the fence of a dead gateway's path is then a PREEMPT "
       "AND ABORT through the live one (without it braid fences by logging in again through the "
