@@ -106,6 +106,7 @@ for label, who in (("nbd", "braid over NBD (one URI)"),
     if not k:
         continue
     assert k["killed"], f"gateway 2 was not killed under {label}: the row would show no failover"
+    assert k["paths_at_start"] >= 2, f"{label} had no path to gateway 2 to lose: {k}"
     lost = f"{k['lost_blocks']} blocks ({k['lost_bytes']} bytes)"
     L.append(f"| {who} | {k['paths_at_start']} | {k['mb_per_s']:.1f} | {k['longest_gap_before_ms']} | "
              f"{k['longest_gap_ms']} | "
