@@ -8,6 +8,7 @@ Only glue, imported by bench/aggregate (which sets LAB from --bin-dir).
 import json
 import os
 import re
+import resource
 import subprocess
 import threading
 import time
@@ -136,20 +137,48 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 FOREIGN_CPU_MAX = 0.10
 
 
+def stat_ticks(pid):
+    """(ppid, utime + stime ticks) of one process, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces.
+    fields = text[text.rfind(")") + 2:].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
 def process_ticks():
     """{pid: (ppid, utime + stime ticks)} of every process."""
     res = {}
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                text = f.read()
-        except OSError:
-            continue
-        # The command name is in parentheses and may hold spaces.
-        fields = text[text.rfind(")") + 2:].split()
-        res[int(pid)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+        if pid.isdigit():
+            t = stat_ticks(pid)
+            if t is not None:
+                res[int(pid)] = t
+    return res
+
+
+def with_cpu(fn, pids, child):
+    """Runs fn() -> figures (with "bytes" moved) and adds "cpu_s_gib": the
+    CPU seconds per GiB moved of each daemon in `pids` ({name: PID}, read
+    from /proc) and, named `child`, of the commands fn ran to completion
+    (getrusage of the children reaped meanwhile: the client tool)."""
+    def daemons():
+        return {k: stat_ticks(p) for k, p in pids.items()}
+
+    def reaped():
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+    d0, r0 = daemons(), reaped()
+    res = fn()
+    d1, r1 = daemons(), reaped()
+    gib = res.get("bytes", 0) / (1 << 30)
+    if gib > 0:
+        cpu = {k: (d1[k][1] - d0[k][1]) / CLK_TCK / gib for k in pids if d0[k] and d1[k]}
+        cpu[child] = (r1 - r0) / gib
+        res["cpu_s_gib"] = cpu
     return res
 
 

@@ -9,24 +9,24 @@ import os
 # The issue's targets (benchmark figures, not test thresholds).
 TARGET_RATIO = 0.97
 TARGET_IOPS = 1.2
+# Issue 37: through `braid attach`, the fraction `braid bench` reaches.
+TARGET_ATTACH = 0.99
 
 
-def write(results, out_dir):
-    """Writes aggregate-DAY.md, aggregate.md and the SVGs; returns their paths."""
+def write(results, out_dir, name="aggregate"):
+    """Writes NAME-DAY.md, NAME.md and their SVGs; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     day = results["day"]
     written = []
-    for sc in results["scenarios"]:
-        svg = chart(sc)
-        for name in (f"aggregate-{day}-{sc['key']}.svg", f"aggregate-{sc['key']}.svg"):
-            path = os.path.join(out_dir, name)
+    for stem in (f"{name}-{day}", name):
+        for sc in results["scenarios"]:
+            path = os.path.join(out_dir, f"{stem}-{sc['key']}.svg")
             with open(path, "w") as f:
-                f.write(svg)
+                f.write(chart(sc))
             written.append(path)
-    for name, suffix in ((f"aggregate-{day}.md", f"-{day}"), ("aggregate.md", "")):
-        path = os.path.join(out_dir, name)
+        path = os.path.join(out_dir, f"{stem}.md")
         with open(path, "w") as f:
-            f.write(markdown(results, suffix))
+            f.write(markdown(results, stem))
         written.append(path)
     return written
 
@@ -84,7 +84,7 @@ def esc(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(res, suffix):
+def markdown(res, stem):
     v = res["versions"]
     o = res["options"]
     out = [f"# Aggregation over the lab: braid vs the limit and its peers ({res['day']})", ""]
@@ -120,12 +120,13 @@ def markdown(res, suffix):
     ]
     out += summary(res)
     out += iscsi_summary(res)
+    out += attach_summary(res)
     notes = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aggregate-notes.md")
     if os.path.exists(notes):
         with open(notes) as f:
             out += [f.read().rstrip(), ""]
     for sc in res["scenarios"]:
-        out += scenario_md(sc, suffix)
+        out += scenario_md(sc, stem)
     return "\n".join(out) + "\n"
 
 
@@ -172,27 +173,43 @@ def summary(res):
 
 
 ISCSI = "braid adaptive over tgt (iSCSI)"
+ATTACH_FIO = "braid attach + fio"
+ATTACH_COPY = "braid attach + nbdcopy"
 FLOOR = "bare program (bench/qd1floor.c), all paths"
 ISCSI_PEER_READ = "libiscsi iscsi-perf over tgt, path 1"
 ISCSI_PEER_WRITE = "libiscsi write (bench/iscsi-write.c) over tgt, path 1"
 
 
+def has_rows(res, kind):
+    return any(r.get("kind") == kind for sc in res["scenarios"] for r in sc["rows"])
+
+
+def section(title, text, columns):
+    """A summary's heading, its paragraph and its table's header."""
+    return [f"## {title}", "", text, "", "| " + " | ".join(columns) + " |",
+            "|" + "---|" * len(columns)]
+
+
+def ratios(sc, tool_r, tool_w, r, w):
+    """Ratios to the limit of a read row and a write row, "r / w"."""
+    return f"{fmt(ratio(sc, find(sc, tool_r, r)), 2)} / {fmt(ratio(sc, find(sc, tool_w, w)), 2)}"
+
+
 def iscsi_summary(res):
     """The iSCSI rows: braid's initiator over tgt, against the same limit
     and against libiscsi over one path."""
-    if not any(r.get("kind") == "iscsi" for sc in res["scenarios"] for r in sc["rows"]):
+    if not has_rows(res, "iscsi"):
         return []
-    out = ["## Summary over iSCSI (tgt)", "",
-           "braid's initiator over Debian's tgt (a portal on every path, named with `--portal`; the LUN on "
-           "a file in /dev/shm), 1 MiB sequential, as ratios to the same iperf3 all-paths limit, read / "
-           "write; the peer is libiscsi over path 1 alone at QD16 (`iscsi-perf` reads, "
-           "`bench/iscsi-write.c` writes); *x peer* is braid QD16 over it.", "",
-           "| scenario | limit MB/s | libiscsi 1 path | braid QD1 | braid QD16 | x peer (read / write) |",
-           "|---|---|---|---|---|---|"]
+    out = section(
+        "Summary over iSCSI (tgt)",
+        "braid's initiator over Debian's tgt (a portal on every path, named with `--portal`; the LUN on "
+        "a file in /dev/shm), 1 MiB sequential, as ratios to the same iperf3 all-paths limit, read / "
+        "write; the peer is libiscsi over path 1 alone at QD16 (`iscsi-perf` reads, "
+        "`bench/iscsi-write.c` writes); *x peer* is braid QD16 over it.",
+        ["scenario", "limit MB/s", "libiscsi 1 path", "braid QD1", "braid QD16", "x peer (read / write)"])
     for sc in res["scenarios"]:
         def rw(tool_r, tool_w, r, w):
-            a, b = ratio(sc, find(sc, tool_r, r)), ratio(sc, find(sc, tool_w, w))
-            return f"{fmt(a, 2)} / {fmt(b, 2)}"
+            return ratios(sc, tool_r, tool_w, r, w)
 
         def x(d, peer):
             a, b = find(sc, ISCSI, f"seq {d} 1M QD16"), find(sc, peer, f"seq {d} 1M QD16")
@@ -204,6 +221,45 @@ def iscsi_summary(res):
             f"{rw(ISCSI, ISCSI, 'seq read 1M QD1', 'seq write 1M QD1')} | "
             f"{rw(ISCSI, ISCSI, 'seq read 1M QD16', 'seq write 1M QD16')} | "
             f"{x('read', ISCSI_PEER_READ)} / {x('write', ISCSI_PEER_WRITE)} |")
+    return out + [""]
+
+
+def cpu_gib(row, *names):
+    """CPU seconds per GiB of the named processes, "a / b"."""
+    c = (row or {}).get("cpu_s_gib") or {}
+    return " / ".join(fmt(c.get(n), 2) for n in names)
+
+
+def attach_summary(res):
+    """The volume as a kernel or qemu sees it: through `braid attach`'s
+    socket, beside `braid bench` over the same paths in the same run."""
+    if not has_rows(res, "attach"):
+        return []
+    out = section(
+        "Summary through `braid attach`",
+        "`braid attach` in the client namespace over every path (the URI `braid bench` is given), its local "
+        "NBD socket driven by fio (`ioengine=nbd`) and by nbdcopy (the whole volume written from a file of "
+        "random bytes, read back into a file and compared byte for byte), while the same `braid serve` runs. "
+        "Ratios to the same iperf3 all-paths limit, read / write; `braid bench` is adaptive. CPU is seconds "
+        "per GiB moved of each process, at 1 MiB QD16 read / write.",
+        ["scenario", "limit MB/s", "braid bench QD16", "attach + fio QD16", "attach + nbdcopy",
+         "randread 4K QD32 IOPS: attach / bench", "CPU s/GiB attach", "CPU s/GiB bench",
+         "CPU s/GiB serve (attach; bench)"])
+    for sc in res["scenarios"]:
+        def rw(tool, r, w):
+            return ratios(sc, tool, tool, r, w)
+
+        def both(tool, name):
+            return " / ".join(cpu_gib(find(sc, tool, f"seq {d} 1M QD16"), name) for d in ("read", "write"))
+        ar, br = find(sc, ATTACH_FIO, "randread 4K QD32"), find(sc, "braid adaptive", "randread 4K QD32")
+        out.append(
+            f"| ({sc['key']}) {sc['title']} | {fmt(limit(sc, 'read'))} / {fmt(limit(sc, 'write'))} | "
+            f"{rw('braid adaptive', 'seq read 1M QD16', 'seq write 1M QD16')} | "
+            f"{rw(ATTACH_FIO, 'seq read 1M QD16', 'seq write 1M QD16')} | "
+            f"{rw(ATTACH_COPY, 'seq read (nbdcopy)', 'seq write (nbdcopy)')} | "
+            f"{cell(ar, 'iops', 0)} / {cell(br, 'iops', 0)} | {both(ATTACH_FIO, 'attach')} | "
+            f"{both('braid adaptive', 'bench')} | {both(ATTACH_FIO, 'serve')}; "
+            f"{both('braid adaptive', 'serve')} |")
     return out + [""]
 
 
@@ -233,6 +289,11 @@ def limit_caveat(sc):
             f"compare against what the machine can move (and a peer can exceed 1.00)."]
 
 
+def cpu_note(row):
+    c = row.get("cpu_s_gib")
+    return ["CPU s/GiB " + ", ".join(f"{k} {v:.2f}" for k, v in c.items())] if c else []
+
+
 def cpu(row):
     """The CPU column: busy share, and the steal within it when it shows."""
     text = f"{fmt(row.get('cpu_pct'), 0)}%"
@@ -242,7 +303,7 @@ def cpu(row):
     return text
 
 
-def scenario_md(sc, suffix):
+def scenario_md(sc, stem):
     key = sc["key"]
     out = [f"## ({key}) {sc['title']}", "",
            f"`braid-lab up --rates {sc['rates']} --addressing {sc['addressing']}`"
@@ -256,7 +317,7 @@ def scenario_md(sc, suffix):
     caveats = limit_caveat(sc)
     if caveats:
         out += ["**" + " ".join(caveats) + "**", ""]
-    out += [f"![({key}) {sc['title']}](aggregate{suffix}-{key}.svg)", ""]
+    out += [f"![({key}) {sc['title']}]({stem}-{key}.svg)", ""]
     out += headline(sc)
     out += targets(sc)
     out += full_table(sc)
@@ -301,6 +362,11 @@ def headline(sc):
         for qd in (16, 1):
             out.append(line(f"braid {policy}, 1 MiB QD{qd}", find(sc, tool, f"seq read 1M QD{qd}"),
                             find(sc, tool, f"seq write 1M QD{qd}"), rr, with_iops=qd == 16))
+    if find(sc, ATTACH_FIO, "seq read 1M QD16"):
+        out.append(line("braid attach + fio, 1 MiB QD16", find(sc, ATTACH_FIO, "seq read 1M QD16"),
+                        find(sc, ATTACH_FIO, "seq write 1M QD16"), find(sc, ATTACH_FIO, "randread 4K QD32")))
+        out.append(line("braid attach + nbdcopy (verified)", find(sc, ATTACH_COPY, "seq read (nbdcopy)"),
+                        find(sc, ATTACH_COPY, "seq write (nbdcopy)"), None, with_iops=False))
     if find(sc, ISCSI, "seq read 1M QD16"):
         out.append(line("libiscsi over tgt, path 1, 1 MiB QD16", find(sc, ISCSI_PEER_READ, "seq read 1M QD16"),
                         find(sc, ISCSI_PEER_WRITE, "seq write 1M QD16"), None, with_iops=False))
@@ -350,6 +416,14 @@ def targets(sc):
             x = a["iops"] / fio1
             shown, verdict = judged(x, TARGET_IOPS)
             lines.append(f"- randread 4K QD32 >= {TARGET_IOPS}x fio over one path: {shown}x, {verdict}")
+    for d in ("read", "write"):
+        x = ratio(sc, find(sc, ATTACH_FIO, f"seq {d} 1M QD16"))
+        if x is not None:
+            shown, verdict = judged(x, TARGET_ATTACH)
+            bench = ratio(sc, find(sc, "braid adaptive", f"seq {d} 1M QD16"))
+            beside = f" (braid bench: {bench:.2f})" if bench is not None else ""
+            lines.append(f"- through braid attach (fio), seq {d} QD16 >= {TARGET_ATTACH} of the limit: {shown}, "
+                         f"{verdict}{beside}")
     for qd in (1, 16):
         for d in ("read", "write"):
             x = ratio(sc, find(sc, ISCSI, f"seq {d} 1M QD{qd}"))
@@ -362,7 +436,7 @@ def targets(sc):
         if rr and not rr.get("error") and len(slow) > 1 and slow[1]:
             lines.append(f"- round-robin seq read QD16: {rr['mb_s']:.1f} MB/s, {rr['mb_s'] / slow[1]:.1f}x the "
                          f"slow path alone ({slow[1]:.1f} MB/s)")
-    return (["Targets (issues 4 and 19):", ""] + lines + [""]) if lines else []
+    return (["Targets (issues 4, 19 and 37):", ""] + lines + [""]) if lines else []
 
 
 def full_table(sc):
@@ -387,7 +461,7 @@ def full_table(sc):
         iops = r.get("iops")
         out.append(f"| {esc(r['tool'])} | {esc(r['workload'])} | {fmt(r.get('mb_s'))} | "
                    f"{fmt(iops, 0) if iops else ''} | {fmt(x, 2) if x is not None else ''} | {latency} | "
-                   f"{shares} | {cpu(r)} | {esc('; '.join(r.get('notes') or []))} |")
+                   f"{shares} | {cpu(r)} | {esc('; '.join(cpu_note(r) + (r.get('notes') or [])))} |")
     return out + ["", "</details>", ""]
 
 
@@ -422,6 +496,9 @@ def chart(sc):
     for p in policies:
         groups.append((f"braid {p}", val(find(sc, f"braid {p}", "seq read 1M QD16")),
                        val(find(sc, f"braid {p}", "seq write 1M QD16"))))
+    if find(sc, ATTACH_FIO, "seq read 1M QD16"):
+        groups.append(("braid attach + fio", val(find(sc, ATTACH_FIO, "seq read 1M QD16")),
+                       val(find(sc, ATTACH_FIO, "seq write 1M QD16"))))
     if find(sc, ISCSI, "seq read 1M QD16"):
         groups.append(("braid iSCSI", val(find(sc, ISCSI, "seq read 1M QD16")),
                        val(find(sc, ISCSI, "seq write 1M QD16"))))
@@ -447,7 +524,7 @@ def chart(sc):
          f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">'
          f'({e(sc["key"])}) {e(sc["title"])}</text>',
          f'<text x="{width / 2}" y="36" text-anchor="middle">MB/s; nbdcopy with its defaults, braid at '
-         f'1 MiB QD16; dashed lines: iperf3 all-paths limits</text>',
+         f'1 MiB QD16 (through attach: fio); dashed lines: iperf3 all-paths limits</text>',
          f'<rect x="{left}" y="46" width="10" height="10" fill="{READ}"/>'
          f'<text x="{left + 14}" y="55">read (storage to client)</text>',
          f'<rect x="{left + 170}" y="46" width="10" height="10" fill="{WRITE}"/>'
