@@ -332,3 +332,36 @@ fn a_path_found_late_gets_less_of_a_split_request() {
     assert_eq!(skewed[0] + skewed[1], 1 << 20);
     assert!(skewed[1] >= MIN_SPLIT, "still split: {skewed:?}");
 }
+
+#[test]
+fn lateness_learned_from_large_requests_does_not_keep_small_ones_off_a_path() {
+    // Two equal gigabit paths after 1 MiB requests at queue depth 16: each
+    // split request took about 70 ms, so the offsets learned from them
+    // may reach a quarter of that either way. Small random reads follow,
+    // which are never split and so never move the offsets again; each
+    // takes about a millisecond. Placed one after another with what is in
+    // flight counted, 32 of 4 KiB must use both paths (a quarter each at
+    // least: the offsets still count, scaled to the small requests).
+    let mut paths = [
+        PathView {
+            lateness: -0.017,
+            ..gbit()
+        },
+        PathView {
+            lateness: 0.017,
+            ..gbit()
+        },
+    ];
+    let mut adaptive = Adaptive::default();
+    let mut per_path = [0; 2];
+    for _ in 0..32 {
+        let p = adaptive.choose(&req(4096), &paths).expect("a usable path");
+        paths[p].inflight_requests += 1;
+        paths[p].inflight_bytes += 4096;
+        per_path[p] += 1;
+    }
+    assert!(
+        per_path.iter().all(|&n| n >= 8),
+        "4 KiB requests per path: {per_path:?}"
+    );
+}
