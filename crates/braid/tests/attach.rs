@@ -1,8 +1,9 @@
 //! `braid attach`: the multipath volume as a local NBD export. A file
 //! system made on it through nbdfuse and a loop device survives detach and
-//! re-attach; qemu-img and fio work through its socket; policy switches and
-//! path maintenance under load cost no error; `braid status --json` and the
-//! metrics add up to the traffic actually sent.
+//! re-attach; qemu-img and fio work through its socket (fio with attach on
+//! one thread, `--threads 1`); policy switches and path maintenance under
+//! load cost no error; `braid status --json` and the metrics add up to the
+//! traffic actually sent.
 
 mod common;
 mod labkit;
@@ -286,7 +287,7 @@ fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
 #[needs("qemu-img", "fio")]
 fn qemu_img_and_fio_work_through_the_attach_socket() {
     let serve = serve_loopback("vol=mem:128MiB");
-    let attach = Attach::start(None, &serve.uri, "vol", &[]);
+    let mut attach = Attach::start(None, &serve.uri, "vol", &[]);
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.raw");
     let mut data = vec![0u8; 32 << 20];
@@ -312,6 +313,10 @@ fn qemu_img_and_fio_work_through_the_attach_socket() {
         .args(["compare", "-f", "raw", "-F", "raw"])
         .arg(&back)
         .arg(attach.uri()));
+    // fio through an attach that runs on one thread (`--threads 1`): its
+    // readers, writers and replies share it.
+    assert!(attach.stop(), "braid attach did not stop cleanly");
+    attach.restart(None, &serve.uri, &["--threads", "1"]);
     let out = run(Command::new("fio").current_dir(dir.path()).args([
         "--name=attach",
         "--ioengine=nbd",

@@ -57,5 +57,5 @@ pub use pathrule::{PathAttrs, PathRule};
 pub use uri::{Endpoint, NbdUri, VolumeUri};
 pub use volume::{
     plan, Done, EventKind, Finish, Loss, OpenError, PathFigures, Plan, PolicyError, ReplayReport,
-    Timeline, TimelineEvent, Volume, VolumeConfig, VolumeInfo, VolumeReport,
+    Request, Timeline, TimelineEvent, Volume, VolumeConfig, VolumeInfo, VolumeReport,
 };

@@ -255,6 +255,7 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
                     warn!(socket = %name, "connection refused: too many connections");
                     continue;
                 }
+                widen_send_buffer(&stream);
                 let conn = ctx.registry.add("local".into(), None, name.clone());
                 info!(conn = %conn.id, socket = %name, "connection");
                 conns.spawn(conn::serve(Box::new(stream), conn, None, ctx.clone()));
@@ -268,6 +269,37 @@ async fn accept_unix(listener: UnixListener, path: PathBuf, ctx: ConnCtx) -> Joi
     }
     let _ = std::fs::remove_file(&path);
     conns
+}
+
+/// A local socket's send buffer: room for a few 1 MiB replies at once.
+/// At the default (208 KiB) a 1 MiB READ reply took about eight `writev`
+/// calls, each followed by a wait for the client to drain the socket:
+/// through `braid attach`, 27 to 29 system calls and 8 to 13 context
+/// switches per 1 MiB read, against 12 to 17 and 3 to 7 with this.
+const LOCAL_SEND_BUFFER: libc::c_int = 4 << 20;
+
+/// Sets [`LOCAL_SEND_BUFFER`] on a Unix connection: past the system's cap
+/// (`net.core.wmem_max`) where allowed (`CAP_NET_ADMIN`), else up to it.
+/// A socket left at its default only costs system calls, so a refusal is
+/// not an error.
+fn widen_send_buffer(stream: &tokio::net::UnixStream) {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    let set = |option| {
+        // SAFETY: a valid descriptor, and an int option read from a live
+        // local for the call.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&LOCAL_SEND_BUFFER as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            ) == 0
+        }
+    };
+    if !set(libc::SO_SNDBUFFORCE) {
+        set(libc::SO_SNDBUF);
+    }
 }
 
 /// Whether one more connection from `peer` fits the limits.

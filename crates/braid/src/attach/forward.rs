@@ -12,7 +12,7 @@ use braid_store::rangelock::RangeLock;
 use braid_store::{Abilities, Done, Finished, Geometry, Storage, Submitted};
 use bytes::Bytes;
 
-use braid_initiator::{Finish, IoError, Volume};
+use braid_initiator::{Finish, IoError, Request, Volume};
 
 /// The volume as the storage behind an export.
 pub struct VolumeForward(pub Arc<Volume>);
@@ -58,20 +58,25 @@ impl Storage for VolumeForward {
 
     fn submit(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted {
         let vol = self.0.clone();
-        Box::pin(async move {
-            done(
-                vol.submit(job.op, job.offset, job.len, job.flags, payload)
-                    .await,
-            )
-        })
+        Box::pin(async move { done(vol.submit(request(job, payload)).await) })
     }
 
     /// The reply leaves from the path reader that completed the request:
     /// no task waits for it here.
     fn start(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>, tell: Finished) {
         let finish = Finish::new(move |result| tell(done(result)));
-        self.0
-            .start(job.op, job.offset, job.len, job.flags, payload, finish);
+        self.0.start(request(job, payload), finish);
+    }
+}
+
+/// The store's job as the volume's request.
+fn request(job: Job, write: Option<Bytes>) -> Request {
+    Request {
+        op: job.op,
+        offset: job.offset,
+        len: job.len,
+        flags: job.flags,
+        write,
     }
 }
 

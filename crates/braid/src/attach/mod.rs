@@ -53,9 +53,7 @@ pub fn run(args: AttachArgs) -> Result<()> {
         .clone()
         .or(file.control.clone())
         .unwrap_or_else(|| control::default_path("attach"));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = runtime(args.threads)?;
     rt.block_on(async move {
         let mut signals = Signals::install()?;
         let volumes = Volumes::default();
@@ -112,6 +110,22 @@ pub fn run(args: AttachArgs) -> Result<()> {
         anyhow::ensure!(!failed, "a volume's final flush failed (see the log)");
         Ok(())
     })
+}
+
+/// The runtime every attached volume runs on: one thread (`--threads
+/// 1`), where a reply reaches the local socket's writer without waking
+/// another thread, or a pool of `threads` (the cores by default).
+fn runtime(threads: Option<u16>) -> Result<tokio::runtime::Runtime> {
+    let mut b = match threads {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
+    Ok(b.enable_all().build()?)
 }
 
 /// Opens one volume and serves it on its own socket (and TCP port, if

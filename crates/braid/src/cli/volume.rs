@@ -50,6 +50,16 @@ pub struct AttachArgs {
     /// Control socket for braid status/policy/path [default: in /run/braid/ctl]
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Threads that carry requests between the local socket and the
+    /// paths [default: one per core]. With 1, a reply goes from a path's
+    /// reader to the local socket without waking another thread: small
+    /// random I/O (a database, a VM's disk) costs less CPU, and on a host
+    /// whose cores are busy with its own work, runs faster (measured on
+    /// 2 cores: 4 KiB random reads +10% at 37% less CPU). Large
+    /// sequential transfers want more: with 1, one core does every copy
+    /// (1 MiB reads -20%, writes -39% there)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub threads: Option<u16>,
     #[command(flatten)]
     pub multipath: MultipathArgs,
 }

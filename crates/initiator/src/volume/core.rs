@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use braid_block::{Error, ErrorKind, Extent, Flags};
+use braid_block::{Error, ErrorKind, Extent};
 use braid_proto::Cookie;
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -440,15 +440,14 @@ pub(crate) fn signal(shared: &Arc<Shared>, path: PathId, s: Signal) {
 }
 
 /// Submits one request; `finish` is told when it completes.
-pub(crate) fn start(
-    shared: &Arc<Shared>,
-    op: Op,
-    offset: u64,
-    len: u64,
-    flags: Flags,
-    write: Option<Bytes>,
-    finish: Finish,
-) {
+pub(crate) fn start(shared: &Arc<Shared>, req: super::Request, finish: Finish) {
+    let super::Request {
+        op,
+        offset,
+        len,
+        flags,
+        write,
+    } = req;
     let mut core = shared.lock();
     let now = shared.now();
     let payload = write.map(|data| {
@@ -480,6 +479,7 @@ pub(crate) fn start(
 mod tests {
     use super::*;
     use crate::engine::{EngineConfig, PathConfig, Submit};
+    use braid_block::Flags;
     use braid_policy::{by_name, PolicyOptions, SplitRules, NAMES};
     use proptest::prelude::*;
     use rand::seq::SliceRandom;

@@ -183,6 +183,41 @@ pub struct VolumeInfo {
     pub transport: &'static str,
 }
 
+/// One request to the volume, as its caller gives it.
+#[derive(Debug)]
+pub struct Request {
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
+    pub flags: Flags,
+    /// A WRITE's data (`len` bytes).
+    pub write: Option<Bytes>,
+}
+
+impl Request {
+    /// `op` on `len` bytes at `offset`, with no flags or data.
+    pub fn new(op: Op, offset: u64, len: u64) -> Self {
+        Self {
+            op,
+            offset,
+            len,
+            flags: Flags::empty(),
+            write: None,
+        }
+    }
+
+    /// A WRITE of `data` at `offset`.
+    pub fn write(offset: u64, data: Bytes, flags: Flags) -> Self {
+        Self {
+            op: Op::Write,
+            offset,
+            len: data.len() as u64,
+            flags,
+            write: Some(data),
+        }
+    }
+}
+
 /// Settings every background task needs.
 pub(crate) struct Settings {
     pub connect_timeout: Duration,
@@ -236,16 +271,9 @@ impl Volume {
     /// EINVAL for a write that is not whole blocks of the target's
     /// minimum block size (a read that is not is widened to whole blocks
     /// and cut back).
-    pub async fn submit(
-        &self,
-        op: Op,
-        offset: u64,
-        len: u64,
-        flags: Flags,
-        write: Option<Bytes>,
-    ) -> Result<Done, IoError> {
+    pub async fn submit(&self, req: Request) -> Result<Done, IoError> {
         let (finish, rx) = Finish::channel();
-        self.start(op, offset, len, flags, write, finish);
+        self.start(req, finish);
         rx.await.unwrap_or_else(|_| Err(core::closed()))
     }
 
@@ -253,15 +281,8 @@ impl Volume {
     /// [`Self::submit`] returns it) from the task that completes it. What
     /// a local NBD front end forwards requests through: its reply goes
     /// out from the path's reader, with no task waiting per request.
-    pub fn start(
-        &self,
-        op: Op,
-        offset: u64,
-        len: u64,
-        flags: Flags,
-        write: Option<Bytes>,
-        finish: Finish,
-    ) {
+    pub fn start(&self, req: Request, finish: Finish) {
+        let (op, offset, len) = (req.op, req.offset, req.len);
         let offered = match op {
             Op::BlockStatus => self.info.block_status,
             Op::Trim => self.info.flags.has(TransmissionFlags::SEND_TRIM),
@@ -291,7 +312,7 @@ impl Volume {
                 _ => {}
             }
         }
-        core::start(&self.shared, op, offset, len, flags, write, finish);
+        core::start(&self.shared, req, finish);
     }
 
     /// A read widened to whole blocks, cut back to what was asked.
@@ -319,11 +340,7 @@ impl Volume {
         });
         core::start(
             &self.shared,
-            Op::Read,
-            start,
-            end - start,
-            Flags::empty(),
-            None,
+            Request::new(Op::Read, start, end - start),
             cut,
         );
     }
@@ -334,10 +351,7 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<(u64, Bytes)>, IoError> {
-        Ok(self
-            .submit(Op::Read, offset, len, Flags::empty(), None)
-            .await?
-            .data)
+        Ok(self.submit(Request::new(Op::Read, offset, len)).await?.data)
     }
 
     /// Writes `data` at `offset`; with `fua`, stable before it returns.
@@ -347,8 +361,7 @@ impl Volume {
     /// As [`Self::submit`].
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), IoError> {
         let flags = if fua { Flags::FUA } else { Flags::empty() };
-        let len = data.len() as u64;
-        self.submit(Op::Write, offset, len, flags, Some(data))
+        self.submit(Request::write(offset, data, flags))
             .await
             .map(drop)
     }
@@ -359,9 +372,7 @@ impl Volume {
     ///
     /// As [`Self::submit`].
     pub async fn flush(&self) -> Result<(), IoError> {
-        self.submit(Op::Flush, 0, 0, Flags::empty(), None)
-            .await
-            .map(drop)
+        self.submit(Request::new(Op::Flush, 0, 0)).await.map(drop)
     }
 
     /// Zeroes a range (`trim` lets the target punch a hole instead).
@@ -371,9 +382,12 @@ impl Volume {
     /// As [`Self::submit`]; ENOTSUP when the target cannot write zeroes.
     pub async fn write_zeroes(&self, offset: u64, len: u64, trim: bool) -> Result<(), IoError> {
         let flags = if trim { Flags::empty() } else { Flags::NO_HOLE };
-        self.submit(Op::WriteZeroes, offset, len, flags, None)
-            .await
-            .map(drop)
+        self.submit(Request {
+            flags,
+            ..Request::new(Op::WriteZeroes, offset, len)
+        })
+        .await
+        .map(drop)
     }
 
     /// Allocation of a range (`base:allocation`), from `offset` on.
@@ -383,7 +397,7 @@ impl Volume {
     /// As [`Self::submit`].
     pub async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>, IoError> {
         let done = self
-            .submit(Op::BlockStatus, offset, len, Flags::empty(), None)
+            .submit(Request::new(Op::BlockStatus, offset, len))
             .await?;
         Ok(done.extents)
     }
