@@ -1,6 +1,7 @@
 //! READ data held in a kernel pipe instead of a buffer: spliced in from
 //! one socket and out to another, so a proxy hands a payload on without
-//! copying it through its own memory. A [`Piped`] holds a whole payload;
+//! copying it through its own memory. A [`Piped`] holds a whole payload,
+//! in one pipe or a few;
 //! whoever cannot splice takes its bytes out with [`Piped::into_bytes`].
 
 use std::io;
@@ -10,30 +11,25 @@ use bytes::Bytes;
 
 use crate::Pool;
 
-/// The largest payload put in a pipe: what an unprivileged process may
-/// size one to by default (`/proc/sys/fs/pipe-max-size`).
+/// The largest pipe made: what an unprivileged process may size one to by
+/// default (`/proc/sys/fs/pipe-max-size`).
 pub const PIPE_MAX: usize = 1 << 20;
 
-/// A pipe being filled with one payload of a known length.
+/// The most pipes one payload is spread over.
+const PIPES: usize = 8;
+
+/// One pipe of a payload and the bytes it holds.
 #[derive(Debug)]
-pub struct PipeFill {
+struct Part {
     read: OwnedFd,
-    write: OwnedFd,
-    want: usize,
-    got: usize,
+    write: Option<OwnedFd>,
+    len: usize,
 }
 
-impl PipeFill {
-    /// A non-blocking pipe with room for `len` bytes.
-    ///
-    /// # Errors
-    ///
-    /// `len` is past [`PIPE_MAX`], or the kernel refused the pipe or its
-    /// size (the user's pipe budget spent): the caller copies instead.
-    pub fn new(len: usize) -> io::Result<Self> {
-        if len > PIPE_MAX {
-            return Err(io::Error::other("payload larger than a pipe may hold"));
-        }
+impl Part {
+    /// A non-blocking pipe with room for `len` bytes where the process
+    /// may have one that large, and for at least half as many.
+    fn new(len: usize) -> io::Result<Self> {
         let mut fds = [0; 2];
         // SAFETY: pipe2 writes two descriptors into `fds`.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } < 0 {
@@ -41,27 +37,74 @@ impl PipeFill {
         }
         // SAFETY: both descriptors are fresh and owned here from now on.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // A socket's bytes come in pieces that need not fill a page, and
-        // each takes a slot: twice the payload's pages, where the process
-        // may have pipes that large, else as many as it has bytes.
-        let sized = [2 * len, len].into_iter().any(|size| {
-            // SAFETY: fcntl on a pipe this function owns.
-            unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, size as libc::c_int) >= 0 }
-        });
+        let sized = [len.min(PIPE_MAX), (len / 2).min(PIPE_MAX)]
+            .into_iter()
+            .any(|size| {
+                // SAFETY: fcntl on a pipe this function owns.
+                unsafe {
+                    libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, size as libc::c_int) >= 0
+                }
+            });
         if !sized {
             return Err(io::Error::last_os_error());
         }
         Ok(Self {
             read,
-            write,
+            write: Some(write),
+            len: 0,
+        })
+    }
+}
+
+/// Pipes being filled with one payload of a known length, in order.
+///
+/// A socket's bytes come in pieces that need not fill a page, and each
+/// takes one of a pipe's slots, so a pipe holds less than its size; and
+/// no pipe may be larger than [`PIPE_MAX`]. When one is full the payload
+/// goes on in another ([`Self::grow`]).
+#[derive(Debug)]
+pub struct PipeFill {
+    parts: Vec<Part>,
+    want: usize,
+    got: usize,
+}
+
+impl PipeFill {
+    /// A first pipe for a `len`-byte payload.
+    ///
+    /// # Errors
+    ///
+    /// The kernel refused the pipe or its size (the user's pipe budget
+    /// spent): the caller copies instead.
+    pub fn new(len: usize) -> io::Result<Self> {
+        Ok(Self {
+            parts: vec![Part::new(2 * len)?],
             want: len,
             got: 0,
         })
     }
 
+    /// One more pipe for the rest, the last one being full. `false` if the
+    /// payload is spread over as many as it may be, or the kernel refused.
+    pub fn grow(&mut self) -> bool {
+        if self.parts.len() >= PIPES {
+            return false;
+        }
+        match Part::new(2 * self.missing()) {
+            Ok(part) => {
+                self.parts.push(part);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The end to splice into.
     pub fn write_fd(&self) -> RawFd {
-        self.write.as_raw_fd()
+        self.parts
+            .last()
+            .and_then(|p| p.write.as_ref())
+            .map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// Bytes still missing.
@@ -71,7 +114,11 @@ impl PipeFill {
 
     /// Counts `n` bytes spliced in.
     pub fn filled(&mut self, n: usize) {
-        self.got = (self.got + n).min(self.want);
+        let n = n.min(self.missing());
+        self.got += n;
+        if let Some(p) = self.parts.last_mut() {
+            p.len += n;
+        }
     }
 
     /// Copies `data` in (what a reader had already buffered). `false` if
@@ -81,40 +128,47 @@ impl PipeFill {
             return true;
         }
         // SAFETY: writes from a live slice to a pipe this value owns.
-        let n = unsafe { libc::write(self.write.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+        let n = unsafe { libc::write(self.write_fd(), data.as_ptr().cast(), data.len()) };
         if n > 0 {
             self.filled(n as usize);
         }
         n == data.len() as isize
     }
 
-    /// The whole payload is in: the pipe, closed for writing.
+    /// The whole payload is in: the pipes, closed for writing.
     pub fn finish(self) -> Option<Piped> {
         (self.got == self.want).then(|| Piped {
-            read: self.read,
+            parts: self
+                .parts
+                .into_iter()
+                .map(|p| (p.read, p.len))
+                .filter(|(_, len)| *len > 0)
+                .collect(),
             len: self.want,
         })
     }
 
-    /// What is in the pipe so far, copied into `out` (at least
-    /// [`Self::missing`]'s complement long): the way back to a copy when
-    /// the pipe cannot take the rest (a payload in more pieces than the
-    /// pipe has slots). Returns how many bytes were taken.
+    /// What is in the pipes so far, copied into `out`: the way back to a
+    /// copy when the pipes cannot take the rest. Returns how many bytes
+    /// were taken.
     ///
     /// # Errors
     ///
-    /// Reading the pipe failed.
+    /// Reading a pipe failed.
     pub fn spill(self, out: &mut [u8]) -> io::Result<usize> {
-        drop(self.write);
-        read_all(&self.read, &mut out[..self.got])?;
-        Ok(self.got)
+        let mut at = 0;
+        for p in self.parts {
+            read_all(&p.read, &mut out[at..at + p.len])?;
+            at += p.len;
+        }
+        Ok(at)
     }
 }
 
-/// A whole payload waiting in a pipe, closed for writing.
+/// A whole payload waiting in pipes, in order, closed for writing.
 #[derive(Debug)]
 pub struct Piped {
-    read: OwnedFd,
+    parts: Vec<(OwnedFd, usize)>,
     len: usize,
 }
 
@@ -129,9 +183,9 @@ impl Piped {
         self.len == 0
     }
 
-    /// The end to splice from.
-    pub fn read_fd(&self) -> RawFd {
-        self.read.as_raw_fd()
+    /// The pipes to splice from, in order, and the bytes each holds.
+    pub fn parts(&self) -> impl Iterator<Item = (RawFd, usize)> + '_ {
+        self.parts.iter().map(|(fd, len)| (fd.as_raw_fd(), *len))
     }
 
     /// The payload copied out into a pooled buffer, for a writer that
@@ -139,10 +193,14 @@ impl Piped {
     ///
     /// # Errors
     ///
-    /// Reading the pipe failed or it held less than its length.
+    /// Reading a pipe failed or it held less than its length.
     pub fn into_bytes(self) -> io::Result<Bytes> {
         let mut buf = Pool::global().get(self.len);
-        read_all(&self.read, &mut buf[..])?;
+        let mut at = 0;
+        for (fd, len) in &self.parts {
+            read_all(fd, &mut buf[at..at + len])?;
+            at += len;
+        }
         Ok(buf.into_bytes())
     }
 }
@@ -186,6 +244,17 @@ mod tests {
         assert!(fill.push(b"world"));
         let piped = fill.finish().expect("the whole payload is in");
         assert_eq!(&piped.into_bytes().unwrap()[..], b"helloworld");
+    }
+
+    #[test]
+    fn a_payload_goes_on_in_another_pipe_and_comes_back_in_order() {
+        let mut fill = PipeFill::new(6).unwrap();
+        assert!(fill.push(b"abc"));
+        assert!(fill.grow());
+        assert!(fill.push(b"def"));
+        let piped = fill.finish().unwrap();
+        assert_eq!(piped.parts().map(|(_, n)| n).collect::<Vec<_>>(), [3, 3]);
+        assert_eq!(&piped.into_bytes().unwrap()[..], b"abcdef");
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! cannot take the rest (the payload came in more pieces than the pipe has
 //! slots) or the kernel cannot splice from the socket, what is in the pipe
 //! is copied out and the rest read as usual.
+//!
+//! A pipe holds less than its size here (each piece the socket gives takes
+//! a slot, and on loopback a piece is about 3.6 KiB, not a page) and is at
+//! most 1 MiB for a process without `CAP_SYS_RESOURCE`: a 1 MiB payload
+//! takes about 920 KiB in one, so it goes on in another.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -20,7 +25,7 @@ use tokio::io::{AsyncBufRead, AsyncRead, BufReader};
 
 use super::run::read_rest;
 
-/// Payloads from this long are worth a pipe of their own (its creation
+/// Payloads from this long are worth pipes of their own (its creation
 /// and closing cost four system calls; the copy it saves, at this size,
 /// costs more).
 pub(super) const PIPE_MIN: usize = 128 * 1024;
@@ -111,15 +116,17 @@ impl Splicer {
                 Ok(Err(e)) => return Err(format!("read failed: {e}")),
                 // EAGAIN is the socket's (nothing to read) or the pipe's
                 // (no slot left): bytes waiting on the socket say which.
-                // The pipe's is final: the socket will not be readable
-                // again while the rest of the payload already sits in it.
+                // The pipe's must be acted on at once: the socket will not
+                // turn readable again while the rest already sits in it.
                 Err(_would_block) if queued(self.fd.get_ref()) => {
-                    tracing::debug!(
-                        len = n,
-                        missing = fill.missing(),
-                        "a reply's pipe is full: copying"
-                    );
-                    return spill(rd, fill, n).await;
+                    if !fill.grow() {
+                        tracing::debug!(
+                            len = n,
+                            missing = fill.missing(),
+                            "a reply's pipes are full: copying"
+                        );
+                        return spill(rd, fill, n).await;
+                    }
                 }
                 Err(_would_block) => {}
             }

@@ -141,9 +141,15 @@ impl SockWriter {
     ///
     /// The socket's error, or the pipe held less than its length.
     pub async fn splice(&mut self, piped: &braid_pool::Piped) -> io::Result<()> {
-        let pipe = piped.read_fd();
+        for (pipe, len) in piped.parts() {
+            self.splice_one(pipe, len).await?;
+        }
+        Ok(())
+    }
+
+    async fn splice_one(&mut self, pipe: RawFd, len: usize) -> io::Result<()> {
         self.send_from(
-            piped.len(),
+            len,
             "the pipe held less than the data promised in the reply",
             |fd, slice| {
                 // SAFETY: both descriptors are open; no offsets are passed.
