@@ -19,6 +19,7 @@ use tokio::net::{TcpSocket, UnixStream};
 
 use crate::uri::Endpoint;
 
+mod payload;
 mod run;
 mod splice;
 

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufRead, AsyncRead, BufReader};
 
-use super::run::read_rest;
+use super::payload::{read_bytes, read_rest};
 
 /// Payloads from this long are worth pipes of their own (its creation
 /// and closing cost four system calls; the copy it saves, at this size,
@@ -69,7 +69,7 @@ impl Splicer {
         n: usize,
     ) -> Result<Payload, String> {
         let Ok(mut fill) = PipeFill::new(n) else {
-            return Ok(Payload::Copied(super::run::read_bytes(rd, n).await?));
+            return Ok(Payload::Copied(read_bytes(rd, n).await?));
         };
         let have = rd.buffer().len().min(n);
         let pushed = fill.push(&rd.buffer()[..have]);
