@@ -21,7 +21,7 @@ use bytes::Bytes;
 mod pace;
 mod pipe;
 pub use pace::{Pace, MIN_SLICE};
-pub use pipe::{PipeFill, Piped, PIPE_MAX};
+pub use pipe::{PipeFill, Piped, PIPES, PIPE_MAX};
 
 /// The smallest class: 4 KiB.
 const MIN_SHIFT: u32 = 12;

@@ -15,8 +15,8 @@ use crate::Pool;
 /// default (`/proc/sys/fs/pipe-max-size`).
 pub const PIPE_MAX: usize = 1 << 20;
 
-/// The most pipes one payload is spread over.
-const PIPES: usize = 8;
+/// The most pipes one payload is spread over, by default.
+pub const PIPES: usize = 8;
 
 /// One pipe of a payload and the bytes it holds.
 #[derive(Debug)]
@@ -65,20 +65,23 @@ impl Part {
 #[derive(Debug)]
 pub struct PipeFill {
     parts: Vec<Part>,
+    most: usize,
     want: usize,
     got: usize,
 }
 
 impl PipeFill {
-    /// A first pipe for a `len`-byte payload.
+    /// A first pipe for a `len`-byte payload, to be spread over at most
+    /// `most` pipes.
     ///
     /// # Errors
     ///
     /// The kernel refused the pipe or its size (the user's pipe budget
     /// spent): the caller copies instead.
-    pub fn new(len: usize) -> io::Result<Self> {
+    pub fn new(len: usize, most: usize) -> io::Result<Self> {
         Ok(Self {
             parts: vec![Part::new(2 * len)?],
+            most,
             want: len,
             got: 0,
         })
@@ -87,7 +90,7 @@ impl PipeFill {
     /// One more pipe for the rest, the last one being full. `false` if the
     /// payload is spread over as many as it may be, or the kernel refused.
     pub fn grow(&mut self) -> bool {
-        if self.parts.len() >= PIPES {
+        if self.parts.len() >= self.most {
             return false;
         }
         match Part::new(2 * self.missing()) {
@@ -232,14 +235,14 @@ mod tests {
 
     #[test]
     fn pushed_bytes_come_back_whole_or_spilled() {
-        let mut fill = PipeFill::new(10).unwrap();
+        let mut fill = PipeFill::new(10, PIPES).unwrap();
         assert!(fill.push(b"hello"));
         assert_eq!(fill.missing(), 5);
         let mut out = [0u8; 10];
         assert_eq!(fill.spill(&mut out).unwrap(), 5);
         assert_eq!(&out[..5], b"hello");
 
-        let mut fill = PipeFill::new(10).unwrap();
+        let mut fill = PipeFill::new(10, PIPES).unwrap();
         assert!(fill.push(b"hello"));
         assert!(fill.push(b"world"));
         let piped = fill.finish().expect("the whole payload is in");
@@ -248,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_payload_goes_on_in_another_pipe_and_comes_back_in_order() {
-        let mut fill = PipeFill::new(6).unwrap();
+        let mut fill = PipeFill::new(6, PIPES).unwrap();
         assert!(fill.push(b"abc"));
         assert!(fill.grow());
         assert!(fill.push(b"def"));
@@ -259,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_pipe_short_of_its_payload_is_not_finished() {
-        let mut fill = PipeFill::new(4).unwrap();
+        let mut fill = PipeFill::new(4, PIPES).unwrap();
         assert!(fill.push(b"ab"));
         assert!(fill.finish().is_none());
     }

@@ -40,6 +40,8 @@ pub(super) enum Payload {
 /// its descriptor while the reader's stream keeps the original.
 pub(super) struct Splicer {
     fd: AsyncFd<OwnedFd>,
+    /// The most pipes a payload is spread over.
+    pipes: usize,
 }
 
 impl Splicer {
@@ -50,7 +52,10 @@ impl Splicer {
         // the AsyncFd that owns it is dropped.
         unsafe { AsyncFd::register_with_interest(dup, tokio::io::Interest::READABLE) }
             .ok()
-            .map(|fd| Self { fd })
+            .map(|fd| Self {
+                fd,
+                pipes: braid_pool::PIPES,
+            })
     }
 
     /// Whether an `n`-byte payload, of which `buffered` bytes the reader
@@ -68,7 +73,7 @@ impl Splicer {
         rd: &mut BufReader<R>,
         n: usize,
     ) -> Result<Payload, String> {
-        let Ok(mut fill) = PipeFill::new(n) else {
+        let Ok(mut fill) = PipeFill::new(n, self.pipes) else {
             return Ok(Payload::Copied(read_bytes(rd, n).await?));
         };
         let have = rd.buffer().len().min(n);
@@ -208,19 +213,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_payload_in_more_pieces_than_the_pipe_has_slots_is_copied_whole() {
-        let (ours, mut theirs, splicer) = pair().await;
-        let data = pattern(PIPE_MIN);
+    async fn a_payload_more_than_its_pipes_can_hold_is_copied_whole() {
+        let (ours, mut theirs, mut splicer) = pair().await;
+        // Past what one pipe can hold (256 slots of at most 32 KiB, the
+        // largest piece a socket gives): the pipe fills before the payload
+        // is in, and what it holds is copied out and the rest read after.
+        splicer.pipes = 1;
+        let data = pattern(16 << 20);
         let mut rd = BufReader::with_capacity(4096, ours);
-        // Small sends, each its own segment: more pieces than the pipe's
-        // slots before the payload is in.
-        for piece in data.chunks(100) {
-            theirs.write_all(piece).await.unwrap();
-            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
-        }
+        let sent = data.clone();
+        let send = tokio::spawn(async move {
+            theirs.write_all(&sent).await.unwrap();
+            theirs
+        });
         let (piped, got) = bytes_of(splicer.read(&mut rd, data.len()).await.unwrap());
-        assert!(!piped, "a full pipe still finished the payload");
-        assert!(got == data, "bytes copied after the pipe filled differ");
+        assert!(!piped, "full pipes still took the whole payload");
+        assert!(got == data, "bytes copied after the pipes filled differ");
+        drop(send.await);
     }
 
     #[tokio::test]
