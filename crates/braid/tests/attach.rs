@@ -3,10 +3,12 @@
 //! re-attach; qemu-img and fio work through its socket (fio with attach on
 //! one thread, `--threads 1`); policy switches and path maintenance under
 //! load cost no error; `braid status --json` and the metrics add up to the
-//! traffic actually sent.
+//! traffic actually sent; READ data spliced from a path's socket comes
+//! through whole when that path is cut in the middle of a reply.
 
 mod common;
 mod labkit;
+mod relaykit;
 
 use braid_test_needs::needs;
 
@@ -492,4 +494,106 @@ fn status_and_metrics_add_up_to_the_traffic_sent() {
         "every completed request is timed once"
     );
     assert!(text.contains("# TYPE braid_path_request_duration_seconds histogram"));
+}
+
+/// The relay whose path carries requests now (the one whose count of
+/// bytes sent upstream grows), if either does within `limit`.
+fn busy(relays: &[relaykit::Relay], limit: Duration) -> Option<&relaykit::Relay> {
+    let before: Vec<u64> = relays.iter().map(|r| r.sent()).collect();
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        // A few READ requests (28 bytes each) past where it stood.
+        if let Some(r) = relays
+            .iter()
+            .zip(&before)
+            .find(|(r, b)| r.sent() > *b + 28 * 4)
+        {
+            return Some(r.0);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
+/// A READ reply that is one whole local request goes from the path's
+/// socket into a pipe and from there into the local socket. Cutting the
+/// path in the middle of such a payload must cost a retry on the other
+/// path, never a short or wrong reply: nbdcopy reads the whole volume
+/// through attach while the busy path is cut, and what it read is the
+/// file byte for byte. The cut is repeated (bounded) until attach's log
+/// shows one that landed inside a spliced payload.
+#[needs("nbdcopy")]
+fn spliced_reads_come_through_whole_when_a_path_is_cut_mid_payload() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 64 << 20;
+    let src = common::random_file(dir.path(), size, 37);
+    let want = std::fs::read(&src).unwrap();
+    let serve = serve_loopback(&format!("vol={}", src.display()));
+    let upstream: std::net::SocketAddr = serve.uri["nbd://".len()..]
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let relays = [
+        relaykit::Relay::start("127.0.0.1:0", upstream),
+        relaykit::Relay::start("127.0.0.1:0", upstream),
+    ];
+    let (a, b) = (relays[0].addr.to_string(), relays[1].addr.to_string());
+    // One path at a time, whole 256 KiB requests (nbdcopy's size): no
+    // request is split, so every reply is one to splice.
+    let attach = Attach::start(
+        None,
+        &serve.uri,
+        "vol",
+        &["--portal", &a, "--portal", &b, "--policy", "failover"],
+    );
+    let back = dir.path().join("back");
+    let mut landed = false;
+    for _ in 0..8 {
+        let _ = std::fs::remove_file(&back);
+        let mut copy = ChildGuard::new(
+            Command::new("nbdcopy")
+                .args(["--connections=1", "--requests=4"])
+                .arg(attach.uri())
+                .arg(&back)
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn nbdcopy"),
+            "nbdcopy",
+        );
+        if let Some(relay) = busy(&relays, Duration::from_secs(10)) {
+            relay.cut_and_hold();
+            std::thread::sleep(Duration::from_millis(100));
+            relay.open();
+        }
+        let status = copy
+            .wait_timeout(Duration::from_secs(60))
+            .unwrap()
+            .expect("nbdcopy ended");
+        let mut err = String::new();
+        use std::io::Read;
+        copy.child_mut()
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(status.success(), "nbdcopy failed: {err}\n{}", attach.log());
+        let got = std::fs::read(&back).unwrap();
+        assert!(
+            got.len() == want.len() && got == want,
+            "what nbdcopy read through attach differs from the file ({} bytes read)",
+            got.len()
+        );
+        if attach.log().contains("payload spliced in") {
+            landed = true;
+            break;
+        }
+    }
+    assert!(
+        landed,
+        "no cut landed inside a spliced payload in 8 tries:\n{}",
+        attach.log()
+    );
 }

@@ -7,6 +7,7 @@
 //! engine without knowing which protocol spoke.
 
 use braid_block::{Error, ErrorKind, Extent};
+use braid_pool::Piped;
 use braid_proto::Cookie;
 use bytes::Bytes;
 
@@ -39,6 +40,27 @@ pub trait Sink: Send + Sync + 'static {
     fn data_done(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
         self.data(cookie, offset, data);
         self.done(cookie, None);
+    }
+    /// Whether a successful READ reply's data, `len` bytes at `offset`
+    /// (as for [`Sink::data`]) and the reply's end, may be handed on in a
+    /// pipe ([`Sink::piped_done`]) rather than a buffer.
+    fn pipe_ok(&self, _cookie: Cookie, _offset: Option<u64>, _len: u32) -> bool {
+        false
+    }
+    /// [`Sink::data_done`] with the data in a pipe, after
+    /// [`Sink::pipe_ok`] said yes. A sink that cannot keep the pipe takes
+    /// its bytes out.
+    fn piped_done(&self, cookie: Cookie, offset: Option<u64>, piped: Piped) {
+        match piped.into_bytes() {
+            Ok(data) => self.data_done(cookie, offset, data),
+            Err(e) => self.done(
+                cookie,
+                Some(Error::new(
+                    ErrorKind::Io,
+                    format!("reading the reply's pipe: {e}"),
+                )),
+            ),
+        }
     }
     /// `len` bytes of zeroes at absolute `offset`.
     fn hole(&self, cookie: Cookie, offset: u64, len: u32);

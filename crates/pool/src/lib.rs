@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use bytes::Bytes;
 
 mod pace;
+mod pipe;
 pub use pace::{Pace, MIN_SLICE};
+pub use pipe::{PipeFill, Piped, PIPES, PIPE_MAX};
 
 /// The smallest class: 4 KiB.
 const MIN_SHIFT: u32 = 12;

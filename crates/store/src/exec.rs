@@ -49,10 +49,14 @@ pub fn submit(export: &Arc<Export>, job: Job, payload: Option<Bytes>) -> Submitt
 }
 
 /// [`submit`], telling `done` the result from whichever task finishes
-/// the job (see [`Storage::start`]).
-pub fn start(export: &Arc<Export>, job: Job, payload: Option<Bytes>, done: Finished) {
+/// the job (see [`Storage::start`]); `piped`: the front end can splice
+/// READ data from a pipe (see [`Storage::start_piped`]).
+pub fn start(export: &Arc<Export>, job: Job, payload: Option<Bytes>, piped: bool, done: Finished) {
     match answered_here(export, &job) {
         Some(answer) => done(answer),
+        None if piped => export
+            .storage
+            .start_piped(&export.writes, job, payload, done),
         None => export.storage.start(&export.writes, job, payload, done),
     }
 }
@@ -202,7 +206,7 @@ impl Storage for OnHost {
                 run_locked(&writes, b, job, Data::Read(&mut buf))?;
                 Ok(Done {
                     data: vec![(0, Bytes::from(buf))],
-                    extents: Vec::new(),
+                    ..Done::default()
                 })
             }
             Op::Write => {
@@ -211,8 +215,8 @@ impl Storage for OnHost {
                 Ok(Done::default())
             }
             _ => run_locked(&writes, b, job, Data::None).map(|extents| Done {
-                data: Vec::new(),
                 extents,
+                ..Done::default()
             }),
         }))
     }

@@ -94,6 +94,9 @@ pub struct Done {
     /// The allocation a BLOCK STATUS found, from the job's offset (empty
     /// when unknown, which means all data).
     pub extents: Vec<Extent>,
+    /// The whole of a READ's data in a pipe instead of `data`: only ever
+    /// from [`Storage::start_piped`], to a front end that can splice it.
+    pub piped: Option<braid_pool::Piped>,
 }
 
 /// A job under way.
@@ -144,6 +147,19 @@ pub trait Storage: Send + Sync + Debug {
     fn start(&self, writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>, done: Finished) {
         let job = self.submit(writes, job, payload);
         tokio::spawn(async move { done(job.await) });
+    }
+
+    /// [`Self::start`] for a front end that can splice READ data from a
+    /// pipe into its socket: a READ's data may then come back as
+    /// [`Done::piped`]. Storage that has no pipes starts the job as usual.
+    fn start_piped(
+        &self,
+        writes: &Arc<RangeLock>,
+        job: Job,
+        payload: Option<Bytes>,
+        done: Finished,
+    ) {
+        self.start(writes, job, payload, done);
     }
 }
 

@@ -67,6 +67,19 @@ impl Storage for VolumeForward {
         let finish = Finish::new(move |result| tell(done(result)));
         self.0.start(request(job, payload), finish);
     }
+
+    /// As [`Self::start`], and a READ answered whole by one path may come
+    /// back in a pipe, spliced from the path's socket.
+    fn start_piped(
+        &self,
+        _writes: &Arc<RangeLock>,
+        job: Job,
+        payload: Option<Bytes>,
+        tell: Finished,
+    ) {
+        let finish = Finish::piped(move |result| tell(done(result)));
+        self.0.start(request(job, payload), finish);
+    }
 }
 
 /// The store's job as the volume's request.
@@ -86,5 +99,6 @@ fn done(result: Result<braid_initiator::Done, IoError>) -> Result<Done, braid_bl
     Ok(Done {
         data: done.data,
         extents: done.extents,
+        piped: done.piped,
     })
 }

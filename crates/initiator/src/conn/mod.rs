@@ -19,7 +19,9 @@ use tokio::net::{TcpSocket, UnixStream};
 
 use crate::uri::Endpoint;
 
+mod payload;
 mod run;
+mod splice;
 
 pub use crate::sink::Sink;
 use run::read_one;
@@ -31,11 +33,19 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// The socket itself carries the replies' bytes as they are (no TLS
+    /// over it), so a payload can be spliced out of it.
+    fn splice_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl Stream for tokio::net::TcpStream {
     fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(std::os::fd::AsRawFd::as_raw_fd(self))
+    }
+    fn splice_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.tcp_fd()
     }
 }
 
@@ -107,7 +117,12 @@ pub(crate) fn tcp_info(fd: std::os::fd::RawFd) -> Option<Wire> {
 /// A duplicate of the stream's TCP socket, for `TCP_INFO` however the
 /// tasks that own the stream end.
 pub(crate) fn dup_socket(stream: &dyn Stream) -> Option<std::os::fd::OwnedFd> {
-    stream.tcp_fd().and_then(|fd| {
+    dup_fd(stream.tcp_fd())
+}
+
+/// A duplicate of `fd`, owned by the caller.
+pub(crate) fn dup_fd(fd: Option<std::os::fd::RawFd>) -> Option<std::os::fd::OwnedFd> {
+    fd.and_then(|fd| {
         // SAFETY: dup of a descriptor the stream keeps open; the copy is
         // owned by the caller and closed with it.
         let dup = unsafe { libc::dup(fd) };
@@ -451,7 +466,7 @@ pub async fn probe(n: &mut Negotiated, len: u32, timeout: Duration) -> Result<()
             (&mut prefix).chain(&mut n.stream),
         );
         loop {
-            if !read_one(&mut rd, len.max(4096), None, &sink, &mut errors).await? {
+            if !read_one(&mut rd, len.max(4096), None, None, &sink, &mut errors).await? {
                 return Err("the server closed the connection".to_string());
             }
             if let Some(result) = sink.result.lock().unwrap_or_else(|p| p.into_inner()).take() {

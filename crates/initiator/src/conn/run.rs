@@ -13,11 +13,13 @@ use braid_proto::reply::{
 use braid_proto::wire::{chunk_type, state, REQUEST_HEADER_LEN};
 use braid_proto::{CmdFlags, Command, Cookie, Request};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncBufRead, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use super::payload::read_bytes;
+use super::splice::{Payload, Splicer};
 use super::{tcp_info, Negotiated, Wire};
 use crate::sink::Sink;
 
@@ -100,12 +102,14 @@ impl Drop for ConnHandle {
 /// Starts the reader and writer of a negotiated connection.
 pub fn start(n: Negotiated, max_payload: u32, sink: Arc<dyn Sink>) -> ConnHandle {
     let socket = super::dup_socket(n.stream.as_ref());
+    let splice = super::dup_fd(n.stream.splice_fd());
     let allocation = n.allocation();
     let (rd, wr) = tokio::io::split(n.stream);
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(write_loop(wr, rx, sink.clone()).in_current_span());
-    let reader =
-        tokio::spawn(read_loop(rd, n.leftover, max_payload, allocation, sink).in_current_span());
+    let reader = tokio::spawn(
+        read_loop(rd, n.leftover, splice, max_payload, allocation, sink).in_current_span(),
+    );
     ConnHandle {
         tx: Some(tx),
         reader,
@@ -147,6 +151,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 async fn read_loop<R: AsyncRead + Unpin>(
     rd: R,
     leftover: BytesMut,
+    splice: Option<std::os::fd::OwnedFd>,
     max_payload: u32,
     allocation: Option<u32>,
     sink: Arc<dyn Sink>,
@@ -154,9 +159,23 @@ async fn read_loop<R: AsyncRead + Unpin>(
     // Bytes read past the handshake come first.
     let prefix = std::io::Cursor::new(leftover.freeze());
     let mut rd = BufReader::with_capacity(READ_BUFFER, prefix.chain(rd));
+    let splicer = splice.and_then(Splicer::new);
     let mut errors: std::collections::HashMap<u64, Error> = Default::default();
     let reason = loop {
-        match read_one(&mut rd, max_payload, allocation, sink.as_ref(), &mut errors).await {
+        // Splicing reads the socket itself: only once the leftover is used.
+        let (prefix, _) = rd.get_ref().get_ref();
+        let splice = splicer
+            .as_ref()
+            .filter(|_| prefix.position() >= prefix.get_ref().len() as u64);
+        let reply = read_one(
+            &mut rd,
+            max_payload,
+            allocation,
+            splice,
+            sink.as_ref(),
+            &mut errors,
+        );
+        match reply.await {
             Ok(true) => {}
             Ok(false) => break "the server closed the connection".to_owned(),
             Err(e) => break e,
@@ -170,17 +189,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
 /// straight into its own buffer (see [`read_bytes`]).
 pub(super) const READ_BUFFER: usize = 64 * 1024;
 
-/// A payload remainder at least this long is read from the socket into
-/// the payload's buffer directly; a shorter one through the reader's
-/// buffer, so that the same read takes in the replies behind it.
-const DIRECT: usize = 16 * 1024;
-
 /// Reads one reply message. `Ok(false)` on a clean end of stream.
 /// `allocation` is the context id of `base:allocation`, if selected.
 pub(super) async fn read_one<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     max_payload: u32,
     allocation: Option<u32>,
+    splice: Option<&Splicer>,
     sink: &dyn Sink,
     errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
@@ -203,16 +218,13 @@ pub(super) async fn read_one<R: AsyncRead + Unpin>(
                 return Ok(true);
             }
             match sink.read_len(s.cookie) {
-                Some(n) => {
-                    let data = read_bytes(rd, n as usize).await?;
-                    sink.data_done(s.cookie, None, data);
-                }
+                Some(n) => data_done(rd, splice, sink, s.cookie, None, n as usize).await?,
                 None => sink.done(s.cookie, None),
             }
         }
         ReplyHeader::Chunk(c) => {
             c.check(max_payload).map_err(|e| format!("protocol: {e}"))?;
-            let ended = chunk(rd, &c, allocation, sink, errors).await?;
+            let ended = chunk(rd, &c, allocation, splice, sink, errors).await?;
             if c.done() && !ended {
                 sink.done(c.cookie, errors.remove(&c.cookie.0));
             }
@@ -225,6 +237,7 @@ async fn chunk<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     c: &ChunkHeader,
     allocation: Option<u32>,
+    splice: Option<&Splicer>,
     sink: &dyn Sink,
     errors: &mut std::collections::HashMap<u64, Error>,
 ) -> Result<bool, String> {
@@ -236,11 +249,12 @@ async fn chunk<R: AsyncRead + Unpin>(
                 .await
                 .map_err(|e| format!("read failed: {e}"))?;
             let offset = OffsetData::decode(&off).offset;
-            let data = read_bytes(rd, c.length as usize - 8).await?;
+            let n = c.length as usize - 8;
             if c.done() && !errors.contains_key(&c.cookie.0) {
-                sink.data_done(c.cookie, Some(offset), data);
+                data_done(rd, splice, sink, c.cookie, Some(offset), n).await?;
                 return Ok(true);
             }
+            let data = read_bytes(rd, n).await?;
             sink.data(c.cookie, Some(offset), data);
         }
         chunk_type::OFFSET_HOLE => {
@@ -273,30 +287,25 @@ async fn chunk<R: AsyncRead + Unpin>(
     Ok(false)
 }
 
-/// Reads an `n`-byte payload into a pooled buffer (no page faults or
-/// zeroing per chunk). What the reader's buffer already holds is copied
-/// over; a long rest is read from the socket straight into the payload's
-/// buffer, not into the reader's first, which would copy it twice.
-async fn read_bytes<R: AsyncRead + Unpin>(
+/// Reads the `n`-byte payload that ends a successful READ reply and hands
+/// it to the sink with the reply's end: in a pipe where the connection
+/// can splice and the sink takes one, else in a buffer.
+async fn data_done<R: AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
+    splice: Option<&Splicer>,
+    sink: &dyn Sink,
+    cookie: Cookie,
+    offset: Option<u64>,
     n: usize,
-) -> Result<Bytes, String> {
-    let mut buf = braid_pool::Pool::global().get(n);
-    let have = rd.buffer().len().min(n);
-    buf[..have].copy_from_slice(&rd.buffer()[..have]);
-    std::pin::Pin::new(&mut *rd).consume(have);
-    let rest = &mut buf[have..];
-    let read = if rest.len() >= DIRECT {
-        rd.get_mut().read_exact(rest).await
-    } else {
-        rd.read_exact(rest).await
-    };
-    read.map_err(|e| {
-        if e.kind() == io::ErrorKind::UnexpectedEof {
-            "the server closed the connection mid-reply".to_string()
-        } else {
-            format!("read failed: {e}")
-        }
-    })?;
-    Ok(buf.into_bytes())
+) -> Result<(), String> {
+    let splice = splice
+        .filter(|_| Splicer::worth(n, rd.buffer().len()) && sink.pipe_ok(cookie, offset, n as u32));
+    match splice {
+        Some(s) => match s.read(rd, n).await? {
+            Payload::Piped(piped) => sink.piped_done(cookie, offset, piped),
+            Payload::Copied(data) => sink.data_done(cookie, offset, data),
+        },
+        None => sink.data_done(cookie, offset, read_bytes(rd, n).await?),
+    }
+    Ok(())
 }

@@ -26,6 +26,10 @@ pub struct Done {
     pub data: Vec<(u64, Bytes)>,
     /// BLOCK_STATUS's answer: allocation from the request's offset on.
     pub extents: Vec<Extent>,
+    /// The whole of a READ's data in a pipe instead of `data`: only for a
+    /// request started with [`Finish::piped`], and only when one reply
+    /// brought all of it (not split, not TLS).
+    pub piped: Option<braid_pool::Piped>,
 }
 
 #[derive(Debug)]
@@ -36,6 +40,8 @@ pub(crate) struct Pending {
     /// The chunk each of `done.data`'s pieces came in on, so that what a
     /// chunk brought can be dropped when it is read again.
     pub sources: Vec<u64>,
+    /// The chunk whose reply filled `done.piped`.
+    pub piped_from: Option<u64>,
     pub finish: Finish,
 }
 
@@ -45,17 +51,34 @@ pub(crate) struct Pending {
 /// volume. A front end answers its client from there, with no task of its
 /// own waiting per request. Dropped uncalled (the volume closed under
 /// it), it is told so.
-pub struct Finish(Option<Told>);
+pub struct Finish {
+    told: Option<Told>,
+    /// The caller can take a READ's data as [`Done::piped`].
+    pipe: bool,
+}
 
 type Told = Box<dyn FnOnce(Result<Done, IoError>) + Send>;
 
 impl Finish {
     pub fn new(f: impl FnOnce(Result<Done, IoError>) + Send + 'static) -> Self {
-        Self(Some(Box::new(f)))
+        Self {
+            told: Some(Box::new(f)),
+            pipe: false,
+        }
+    }
+
+    /// As [`Self::new`], for a caller that splices READ data from a pipe
+    /// into its own socket: a READ answered whole by one plain TCP
+    /// connection then comes back as [`Done::piped`], not copied through
+    /// this process's memory.
+    pub fn piped(f: impl FnOnce(Result<Done, IoError>) + Send + 'static) -> Self {
+        let mut finish = Self::new(f);
+        finish.pipe = true;
+        finish
     }
 
     pub fn call(mut self, result: Result<Done, IoError>) {
-        if let Some(f) = self.0.take() {
+        if let Some(f) = self.told.take() {
             f(result);
         }
     }
@@ -74,7 +97,7 @@ impl Finish {
 
 impl Drop for Finish {
     fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
+        if let Some(f) = self.told.take() {
             f(Err(closed()));
         }
     }
@@ -246,6 +269,16 @@ impl Core {
 
 /// Puts a read's pieces in order and checks they cover it exactly.
 fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
+    if let Some(piped) = &done.piped {
+        // Only ever the whole request, alone (see `pipe_ok`).
+        if done.data.is_empty() && piped.len() as u64 == len {
+            return Ok(done);
+        }
+        return Err(IoError::Target {
+            kind: ErrorKind::Io,
+            message: format!("server answered {} of {len} bytes of a read", piped.len()),
+        });
+    }
     done.data.sort_by_key(|(off, _)| *off);
     let mut at = 0u64;
     for (off, b) in &done.data {
@@ -325,8 +358,29 @@ fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
     p.sources.push(cookie.0);
 }
 
+/// Whether chunk `cookie`'s READ data (`len` bytes at `offset`) may come
+/// in a pipe: it is the whole of a request whose caller takes piped data,
+/// and nothing of it has arrived yet.
+fn pipe_ok(core: &Core, cookie: Cookie, offset: Option<u64>, len: u32) -> Option<u64> {
+    let info = core.engine.chunk(cookie)?;
+    let req = info.req?;
+    let p = core.reqs.get(&req.0)?;
+    let whole = p.finish.pipe
+        && info.len == len
+        && p.len == u64::from(len)
+        && place_in_request(&info, offset, u64::from(len)) == Some(0)
+        && p.done.data.is_empty()
+        && p.done.piped.is_none()
+        && !core.received.contains_key(&cookie.0);
+    whole.then_some(req.0)
+}
+
 /// Drops what chunk `cookie` brought to a read: the piece is read again.
 fn forget(p: &mut Pending, cookie: u64) {
+    if p.piped_from == Some(cookie) {
+        p.piped_from = None;
+        p.done.piped = None;
+    }
     let mut keep = p.sources.iter().map(|&c| c != cookie);
     p.done.data.retain(|_| keep.next().unwrap_or(true));
     p.sources.retain(|&c| c != cookie);
@@ -394,6 +448,33 @@ impl Sink for ConnSink {
 
     fn done(&self, cookie: Cookie, error: Option<Error>) {
         self.with_core(|shared, core| finish(shared, core, cookie, error));
+    }
+
+    fn pipe_ok(&self, cookie: Cookie, offset: Option<u64>, len: u32) -> bool {
+        self.with_core(|_, core| pipe_ok(core, cookie, offset, len).is_some())
+            .unwrap_or(false)
+    }
+
+    fn piped_done(&self, cookie: Cookie, offset: Option<u64>, piped: braid_pool::Piped) {
+        self.with_core(|shared, core| {
+            // Checked again: the lock was let go while the data came in.
+            let len = piped.len();
+            match pipe_ok(core, cookie, offset, len as u32) {
+                Some(req) => {
+                    if let Some(p) = core.reqs.get_mut(&req) {
+                        core.received.insert(cookie.0, len as u64);
+                        p.done.piped = Some(piped);
+                        p.piped_from = Some(cookie.0);
+                    }
+                }
+                None => {
+                    if let Ok(data) = piped.into_bytes() {
+                        place(core, cookie, offset, data);
+                    }
+                }
+            }
+            finish(shared, core, cookie, None);
+        });
     }
 
     fn elsewhere(&self, cookie: Cookie, access: Access) {
@@ -468,6 +549,7 @@ pub(crate) fn start(shared: &Arc<Shared>, req: super::Request, finish: Finish) {
         len,
         done: Done::default(),
         sources: Vec::new(),
+        piped_from: None,
         finish,
     };
     let id = core.engine.submit(now, submit);
@@ -476,125 +558,5 @@ pub(crate) fn start(shared: &Arc<Shared>, req: super::Request, finish: Finish) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{EngineConfig, PathConfig, Submit};
-    use braid_block::Flags;
-    use braid_policy::{by_name, PolicyOptions, SplitRules, NAMES};
-    use proptest::prelude::*;
-    use rand::seq::SliceRandom;
-    use rand::{Rng, SeedableRng};
-
-    /// The byte the fake target holds at `offset`.
-    fn byte_at(offset: u64) -> u8 {
-        (offset.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-        #[test]
-        fn split_then_reassemble_returns_the_callers_bytes(
-            align_shift in 0u32..13,
-            offset_blocks in 0u64..5000,
-            len_blocks in 1u64..3000,
-            chunk_blocks in 1u64..600,
-            paths in 1usize..6,
-            policy in 0usize..9,
-            seed: u64,
-        ) {
-            let align = 1u64 << align_shift;
-            let offset = offset_blocks * align;
-            let len = (len_blocks * align).min(64 << 20);
-            let mut engine = Engine::new(
-                EngineConfig {
-                    split: SplitRules { align, chunk: chunk_blocks * align, max: (8 << 20) / align * align },
-                    size: 1 << 40,
-                    ..EngineConfig::default()
-                },
-                by_name(NAMES[policy], &PolicyOptions::default()).unwrap(),
-            );
-            for i in 0..paths {
-                let p = engine.add_path(PathConfig::default(), Duration::ZERO);
-                engine.path_up(
-                    Duration::ZERO,
-                    p,
-                    vec![Some(braid_proto::braid_ns::ConnId(i as u128))],
-                    true,
-                );
-            }
-            while engine.poll_action().is_some() {}
-            let id = engine.submit(Duration::ZERO, Submit::new(Op::Read, offset, len, Flags::empty()));
-            let mut sends = Vec::new();
-            while let Some(a) = engine.poll_action() {
-                if let Action::Send(s) = a { sends.push(s) }
-            }
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            sends.shuffle(&mut rng);
-            let mut done = Done::default();
-            let mut result = None;
-            for s in sends {
-                let info = engine.chunk(s.cookie).unwrap();
-                // The target may answer in several data chunks, any order.
-                let cut = if s.len > 1 { rng.gen_range(0..s.len) } else { 0 };
-                let mut parts = vec![(s.offset, cut), (s.offset + u64::from(cut), s.len - cut)];
-                parts.retain(|(_, n)| *n > 0);
-                parts.shuffle(&mut rng);
-                for (at, n) in parts {
-                    let bytes: Vec<u8> = (at..at + u64::from(n)).map(byte_at).collect();
-                    let dest = place_in_request(&info, Some(at), u64::from(n)).unwrap();
-                    done.data.push((dest, Bytes::from(bytes)));
-                }
-                engine.reply(Duration::ZERO, s.cookie, Ok(()));
-                while let Some(a) = engine.poll_action() {
-                    if let Action::Complete { req, result: r } = a {
-                        prop_assert_eq!(req, id);
-                        result = Some(r);
-                    }
-                }
-            }
-            prop_assert_eq!(result, Some(Ok(())));
-            let got = assemble(done, len).unwrap();
-            let flat: Vec<u8> = got.data.iter().flat_map(|(_, b)| b.iter().copied()).collect();
-            let want: Vec<u8> = (offset..offset + len).map(byte_at).collect();
-            prop_assert!(flat == want, "reassembled bytes differ");
-        }
-    }
-
-    #[test]
-    fn data_outside_its_chunk_is_refused() {
-        let info = ChunkInfo {
-            path: PathId(0),
-            op: Op::Read,
-            len: 100,
-            offset: 1000,
-            req: Some(ReqId(1)),
-            req_offset: 50,
-        };
-        assert_eq!(place_in_request(&info, Some(1000), 100), Some(50));
-        assert_eq!(place_in_request(&info, Some(1010), 10), Some(60));
-        assert_eq!(place_in_request(&info, None, 100), Some(50));
-        assert_eq!(place_in_request(&info, Some(999), 10), None);
-        assert_eq!(place_in_request(&info, Some(1095), 10), None);
-        assert_eq!(place_in_request(&info, Some(u64::MAX), 10), None);
-    }
-
-    #[test]
-    fn gaps_and_overlaps_fail_the_read() {
-        let d = Done {
-            data: vec![
-                (0, Bytes::from_static(b"ab")),
-                (3, Bytes::from_static(b"d")),
-            ],
-            extents: vec![],
-        };
-        assert!(assemble(d, 4).is_err());
-        let d = Done {
-            data: vec![
-                (0, Bytes::from_static(b"ab")),
-                (1, Bytes::from_static(b"bc")),
-            ],
-            extents: vec![],
-        };
-        assert!(assemble(d, 3).is_err());
-    }
-}
+#[path = "core_tests.rs"]
+mod tests;

@@ -332,9 +332,11 @@ impl Volume {
                             .then(|| (lo - from, b.slice((lo - at) as usize..(hi - at) as usize)))
                     })
                     .collect();
+                // Never piped: this caller took no pipe (`Finish::new`).
                 Done {
                     data,
                     extents: done.extents,
+                    piped: None,
                 }
             }));
         });

@@ -99,6 +99,7 @@ impl Reader {
                     &export,
                     job,
                     payload.map(Buf::into_bytes),
+                    style.zero_copy,
                     Box::new(move |done| answer(forwarded::reply(&style, &req, done))),
                 ),
                 None => answer(execute::error_reply(

@@ -25,13 +25,25 @@ use crate::export::Export;
 #[derive(Debug)]
 pub(crate) struct Reply {
     pub parts: Vec<Bytes>,
-    pub file: Option<FileData>,
+    /// READ data sent after `parts` without passing through this
+    /// process's memory.
+    pub file: Option<ZeroCopy>,
     /// The request succeeded.
     pub ok: bool,
     /// Nothing is to be answered: the backend lost the right to write
     /// (a blocklisted Ceph client), so the connection is closed instead and
     /// the client retries elsewhere after fencing it.
     pub cut: bool,
+}
+
+/// READ data a plain socket's writer sends without copying it.
+#[derive(Debug)]
+pub(crate) enum ZeroCopy {
+    /// From a file, with `sendfile`.
+    File(FileData),
+    /// From a pipe that holds all of it, with `splice` (a multipath
+    /// volume's reply, spliced into the pipe from a path's socket).
+    Pipe(braid_pool::Piped),
 }
 
 /// READ data to send straight from a file (see `Backend::zero_copy_fd`).
@@ -91,11 +103,11 @@ fn zero_copy_read(backend: &Arc<dyn Backend>, style: &ReplyStyle, req: &Request)
     }
     Some(Reply {
         parts: vec![Bytes::from(head)],
-        file: Some(FileData {
+        file: Some(ZeroCopy::File(FileData {
             backend: backend.clone(),
             offset: req.offset,
             len: req.length as usize,
-        }),
+        })),
         ok: true,
         cut: false,
     })

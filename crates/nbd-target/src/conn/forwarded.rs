@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 
 use braid_store::Done;
 
-use super::execute::{block_status_reply, error_reply, ok_reply, Reply, ReplyStyle};
+use super::execute::{block_status_reply, error_reply, ok_reply, Reply, ReplyStyle, ZeroCopy};
 
 /// Builds the reply to `req` from what the executor brought back. An
 /// error keeps its kind as NBD's errno, storage lost (ESHUTDOWN) included:
@@ -23,9 +23,49 @@ pub(crate) fn reply(
         Err(e) => return error_reply(style, req.cookie, Errno::from_kind(e.kind), &e.message),
     };
     match req.command {
-        Command::Read => read(style, req, done.data),
+        Command::Read => match done.piped {
+            Some(piped) => read_piped(style, req, piped),
+            None => read(style, req, done.data),
+        },
         Command::BlockStatus => block_status_reply(style, req, &done.extents),
         _ => ok_reply(style, req.cookie),
+    }
+}
+
+/// A READ whose data waits in a pipe: its header, then the pipe spliced
+/// into the socket by the writer (copied out first for a writer that
+/// cannot splice).
+fn read_piped(style: &ReplyStyle, req: &Request, piped: braid_pool::Piped) -> Reply {
+    if piped.len() != req.length as usize {
+        return error_reply(
+            style,
+            req.cookie,
+            Errno::Io,
+            "the volume returned a short read",
+        );
+    }
+    if !style.zero_copy {
+        return match piped.into_bytes() {
+            Ok(data) => read(style, req, vec![(0, data)]),
+            Err(e) => error_reply(style, req.cookie, Errno::Io, &e.to_string()),
+        };
+    }
+    let mut head = Vec::with_capacity(28);
+    header(style, req, &mut head);
+    Reply {
+        parts: vec![Bytes::from(head)],
+        file: Some(ZeroCopy::Pipe(piped)),
+        ok: true,
+        cut: false,
+    }
+}
+
+/// The header of a READ reply sent whole, in one data chunk.
+fn header(style: &ReplyStyle, req: &Request, head: &mut Vec<u8>) {
+    if style.structured {
+        encode::offset_data_header(head, req.cookie, req.offset, req.length, true);
+    } else {
+        encode::simple(head, req.cookie, None);
     }
 }
 
@@ -55,11 +95,7 @@ fn read(style: &ReplyStyle, req: &Request, data: Vec<(u64, Bytes)>) -> Reply {
             b.freeze()
         };
         let mut head = Vec::with_capacity(28);
-        if style.structured {
-            encode::offset_data_header(&mut head, req.cookie, req.offset, req.length, true);
-        } else {
-            encode::simple(&mut head, req.cookie, None);
-        }
+        header(style, req, &mut head);
         parts.push(Bytes::from(head));
         parts.push(body);
     } else {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::execute::ZeroCopy;
 use super::{sock, ConnError, Reply};
 
 /// What a request holds while in flight: a request slot, and its payload
@@ -47,7 +48,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 /// The writer of a plain socket: `writev` for bytes, `sendfile` for file
-/// data. `_wr` is the stream's write half, kept (unused) so the stream is
+/// data, `splice` for data in a pipe. `_wr` is the stream's write half, kept (unused) so the stream is
 /// not shut down under the duplicate descriptor.
 pub(super) async fn sock_write_loop<W>(
     mut sock: sock::SockWriter,
@@ -69,8 +70,10 @@ pub(super) async fn sock_write_loop<W>(
                 .flat_map(|o| o.reply.parts.iter().map(|p| &p[..]))
                 .collect();
             sock.writev(&parts).await?;
-            if let Some(file) = &batch[end - 1].reply.file {
-                sock.sendfile(file).await?;
+            match &batch[end - 1].reply.file {
+                Some(ZeroCopy::File(file)) => sock.sendfile(file).await?,
+                Some(ZeroCopy::Pipe(pipe)) => sock.splice(pipe).await?,
+                None => {}
             }
             start = end;
         }
