@@ -1,9 +1,9 @@
 //! A cluster-wide stall is not a gateway failure, on a real throwaway Ceph
 //! cluster of its own (`cephkit`; `ceph osd pause` stops every OSD of it,
 //! so no other test shares it): under a verified write load through two
-//! gateways, the OSDs paused for 40 s and resumed; the load waits and
-//! resumes with them, with no I/O error and nothing lost, and no gateway
-//! is blocklisted for it.
+//! gateways, the OSDs paused until they have dropped the gateways' barrier
+//! watches (30 s) and resumed; the load waits and resumes with them, with
+//! no I/O error and nothing lost, and no gateway is blocklisted for it.
 
 #![cfg(feature = "rbd")]
 
@@ -13,11 +13,16 @@ mod failkit;
 
 use braid_test_needs::needs;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long the OSDs stay paused: past the point where a gateway's barrier
-/// watch times out (30 s, `Ceph::watch_timeout`).
-const PAUSE: Duration = Duration::from_secs(40);
+/// A gateway's barrier watch times out 30 s after its last ping
+/// (`Ceph::watch_timeout`); the OSDs stay paused until the OSD has dropped
+/// both, which it does within this.
+const WATCHES_DROPPED_WITHIN: Duration = Duration::from_secs(45);
+
+/// The load before the pause (`failkit::under_load`), the pause (the
+/// watches' 30 s and a second more) and about 6 s after it.
+const LOAD: Duration = Duration::from_secs(2 + 31 + 7);
 
 /// Unpauses the OSDs when dropped, whatever the test did.
 struct Unpause<'a>(&'a cephkit::Cluster);
@@ -43,14 +48,29 @@ fn a_cluster_wide_stall_is_waited_out_with_no_error_and_no_gateway_blocklisted()
         .iter()
         .map(|g| g["addr"].as_str().unwrap_or_default().to_owned())
         .collect();
+    let barrier = format!("braid_gateways.{}", img.id);
+    assert_eq!(
+        c.watches_on(&barrier),
+        2,
+        "each gateway watches the barrier"
+    );
     let pause = || {
         c.ok("ceph", &["osd", "pause"]);
         let guard = Unpause(c);
-        std::thread::sleep(PAUSE);
+        let paused = Instant::now();
+        cephkit::eventually(
+            WATCHES_DROPPED_WITHIN,
+            "the OSD dropped the gateways' barrier watches",
+            || c.watches_on(&barrier) == 0,
+        );
+        eprintln!(
+            "the watches were dropped {:?} into the pause",
+            paused.elapsed()
+        );
+        std::thread::sleep(Duration::from_secs(1));
         drop(guard);
     };
-    let duration = PAUSE + Duration::from_secs(8);
-    let (log, acked) = failkit::under_load(&a.uri("vol"), |_| {}, 4, duration, pause);
+    let (log, acked) = failkit::under_load(&a.uri("vol"), |_| {}, 4, LOAD, pause);
     assert!(
         log.samples.iter().all(|s| s.states.len() == 2),
         "both gateways from one URI"

@@ -78,7 +78,7 @@ fn two_second_writes_on_both_portals_fail_no_path() {
     std::fs::write(&disk, vec![0u8; 16 << 20]).unwrap();
     let port = free_port();
     let _slow = nbdkit(&disk, port, true);
-    let src = random_file(dir.path(), 8 << 20, 21);
+    let src = random_file(dir.path(), 2 << 20, 21);
     let p1 = format!("127.0.0.1:{port}");
     let p2 = format!("127.0.0.2:{port}");
     let (ok, out, err) = copy(
@@ -142,7 +142,7 @@ fn a_blackholed_path_still_fails_fast_while_the_other_is_slow() {
         .iter()
         .map(|p| p.storage_addr.to_string())
         .collect();
-    let src = random_file(dir.path(), 16 << 20, 23);
+    let src = random_file(dir.path(), 4 << 20, 23);
     let mut cmd = Command::new(braid_bin());
     cmd.arg("copy")
         .arg(&src)

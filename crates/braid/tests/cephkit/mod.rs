@@ -267,6 +267,19 @@ impl Cluster {
         )
     }
 
+    /// How many watches the OSD holds on `object` (`dump_watchers` on its
+    /// admin socket, which answers while client I/O is paused).
+    pub fn watches_on(&self, object: &str) -> usize {
+        let said = self.admin("osd.0", &serde_json::json!({"prefix": "dump_watchers"}));
+        let v: serde_json::Value = serde_json::from_str(&said)
+            .unwrap_or_else(|e| panic!("dump_watchers is not JSON ({e}): {said}"));
+        v.as_array()
+            .unwrap_or_else(|| panic!("dump_watchers is no list: {said}"))
+            .iter()
+            .filter(|w| w["object"] == object)
+            .count()
+    }
+
     /// Lines of `ceph osd blocklist ls` that name one of `addrs`.
     pub fn blocklisted(&self, addrs: &[String]) -> Vec<String> {
         let out = self.tool("ceph", &["osd", "blocklist", "ls"]);
