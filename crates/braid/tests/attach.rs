@@ -550,7 +550,7 @@ fn spliced_reads_come_through_whole_when_a_path_is_cut_mid_payload() {
     );
     let back = dir.path().join("back");
     let mut landed = false;
-    for _ in 0..8 {
+    for try_no in 0..8u64 {
         let _ = std::fs::remove_file(&back);
         let mut copy = ChildGuard::new(
             Command::new("nbdcopy")
@@ -562,8 +562,18 @@ fn spliced_reads_come_through_whole_when_a_path_is_cut_mid_payload() {
                 .expect("spawn nbdcopy"),
             "nbdcopy",
         );
+        // Placed by bytes, not time: a cut some way into the replies that
+        // follow lands inside a 256 KiB payload (all but a reply's few
+        // dozen header bytes is payload) however slowly braid serve
+        // answers, where a cut at a moment (as soon as requests went up)
+        // landed before any reply on a loaded machine: CI once saw 8 of 8
+        // cuts end on a reply's edge.
         if let Some(relay) = busy(&relays, Duration::from_secs(10)) {
-            relay.cut_and_hold();
+            relay.cut_after_received((100 << 10) + try_no * (37 << 10));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !relay.cut_done() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             std::thread::sleep(Duration::from_millis(100));
             relay.open();
         }

@@ -25,6 +25,10 @@ pub struct Relay {
     live: Arc<AtomicUsize>,
     /// Bytes carried from clients to upstream.
     sent: Arc<AtomicU64>,
+    /// Bytes carried from upstream to clients.
+    received: Arc<AtomicU64>,
+    /// The count of `received` at which the relay cuts (`u64::MAX`: never).
+    cut_at: Arc<AtomicU64>,
     stop: watch::Sender<bool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -40,6 +44,14 @@ impl Relay {
         let live = Arc::new(AtomicUsize::new(0));
         let counted = live.clone();
         let sent = Arc::new(AtomicU64::new(0));
+        let received = Arc::new(AtomicU64::new(0));
+        let cut_at = Arc::new(AtomicU64::new(u64::MAX));
+        let down = Down {
+            received: received.clone(),
+            cut_at: cut_at.clone(),
+            gate: gate.clone(),
+            epoch: epoch.clone(),
+        };
         let carried = sent.clone();
         let listen = listen.to_owned();
         let thread = std::thread::spawn(move || {
@@ -58,9 +70,9 @@ impl Relay {
                     counted.fetch_add(1, Ordering::SeqCst);
                     let _ = accepted_tx.send(());
                     let (gate, epoch, live) = (gate_rx.clone(), epoch_rx.clone(), counted.clone());
-                    let carried = carried.clone();
+                    let (carried, down) = (carried.clone(), down.clone());
                     tokio::spawn(async move {
-                        relay(client, upstream, gate, epoch, &carried).await;
+                        relay(client, upstream, gate, epoch, &carried, &down).await;
                         live.fetch_sub(1, Ordering::SeqCst);
                     });
                 }
@@ -76,6 +88,8 @@ impl Relay {
             epoch,
             live,
             sent,
+            received,
+            cut_at,
             stop,
             thread: Some(thread),
         }
@@ -87,8 +101,31 @@ impl Relay {
         self.epoch.send_modify(|e| *e += 1);
     }
 
+    /// Cuts once `bytes` more have gone from upstream to clients: the
+    /// connection carrying that byte is given exactly the bytes before it
+    /// and then its end (FIN, so nothing it was given is lost to a reset),
+    /// every other connection is ended, and new ones are held until
+    /// `open`. A cut placed by bytes lands where a test wants it (inside a
+    /// reply's payload) however slowly the upstream answers, which a cut
+    /// placed by time does not.
+    pub fn cut_after_received(&self, bytes: u64) {
+        let now = self.received.load(Ordering::SeqCst);
+        self.cut_at.store(now + bytes, Ordering::SeqCst);
+    }
+
+    /// Whether a cut asked for by `cut_after_received` has happened.
+    pub fn cut_done(&self) -> bool {
+        self.cut_at.load(Ordering::SeqCst) != u64::MAX && !*self.gate.borrow()
+    }
+
+    /// Bytes carried so far from upstream to clients.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::SeqCst)
+    }
+
     /// Lets held and new connections through.
     pub fn open(&self) {
+        self.cut_at.store(u64::MAX, Ordering::SeqCst);
         self.gate.send_replace(true);
     }
 
@@ -114,6 +151,51 @@ impl Drop for Relay {
     }
 }
 
+/// The downstream half's counters and the cut they may trigger.
+#[derive(Clone)]
+struct Down {
+    received: Arc<AtomicU64>,
+    cut_at: Arc<AtomicU64>,
+    gate: watch::Sender<bool>,
+    epoch: watch::Sender<u64>,
+}
+
+impl Down {
+    /// Copies from upstream to the client until either ends, or until the
+    /// cut's byte, which ends this connection and (a second later, so the
+    /// client reads to the end first) every other.
+    async fn copy(
+        &self,
+        from: &mut (impl AsyncReadExt + Unpin),
+        to: &mut (impl AsyncWriteExt + Unpin),
+    ) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n as u64,
+            };
+            let before = self.received.fetch_add(n, Ordering::SeqCst);
+            let at = self.cut_at.load(Ordering::SeqCst);
+            let cut = before + n >= at;
+            let give = if cut { at.saturating_sub(before) } else { n };
+            if to.write_all(&buf[..give as usize]).await.is_err() {
+                break;
+            }
+            if cut {
+                self.gate.send_replace(false);
+                let epoch = self.epoch.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    epoch.send_modify(|e| *e += 1);
+                });
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+}
+
 /// Waits for the gate, then copies both ways until either side ends or
 /// the relay is cut.
 async fn relay(
@@ -122,6 +204,7 @@ async fn relay(
     mut gate: watch::Receiver<bool>,
     mut epoch: watch::Receiver<u64>,
     sent: &AtomicU64,
+    down: &Down,
 ) {
     let born = *epoch.borrow();
     let work = async {
@@ -147,11 +230,7 @@ async fn relay(
             }
             let _ = to_server.shutdown().await;
         };
-        let down = async {
-            let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
-            let _ = to_client.shutdown().await;
-        };
-        tokio::join!(up, down);
+        tokio::join!(up, down.copy(&mut from_server, &mut to_client));
     };
     tokio::select! {
         () = work => {}
