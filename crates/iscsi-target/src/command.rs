@@ -36,7 +36,7 @@ use super::out::{Batch, Out, Outbox, Slot, Sn};
 use super::task::{abort_all, Task};
 use super::timers::Awaited;
 use super::unit::{self, Outcome};
-use super::{media, unitshared, unitwide, xcopy};
+use super::{media, rod, unitshared, unitwide, xcopy};
 use super::{Served, Shared};
 use crate::hold::Hold;
 
@@ -554,6 +554,22 @@ async fn run(lun: &Lun, task: &Task, cmd: Command, data: Option<Vec<u8>>) -> Opt
             Step::Medium(Command::ExtendedCopy { .. }) => {
                 let params = data.unwrap_or_default();
                 xcopy::execute(&lun.shared, lun.tag, &lun.served, &lun.nexus.name, &params).await
+            }
+            Step::Medium(Command::PopulateToken { list_id, .. }) => {
+                let params = data.unwrap_or_default();
+                rod::populate(
+                    &lun.shared,
+                    lun.tag,
+                    &lun.served,
+                    &lun.nexus.name,
+                    list_id,
+                    &params,
+                )
+            }
+            Step::Medium(Command::WriteUsingToken { list_id, .. }) => {
+                let params = data.unwrap_or_default();
+                let (shared, served) = (&lun.shared, &lun.served);
+                rod::write_using(shared, lun.tag, served, &lun.nexus.name, list_id, &params).await
             }
             Step::Medium(cmd) => media::execute(export, &unit, wce, cmd, data).await,
         };

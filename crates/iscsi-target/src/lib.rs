@@ -18,6 +18,7 @@ mod media;
 mod member;
 mod out;
 mod portids;
+mod rod;
 mod sessions;
 mod slowsave;
 mod task;
@@ -148,6 +149,9 @@ pub(crate) struct Shared {
     pub timers: Timers,
     /// The registry sessions enter (`member.rs`).
     pub connections: Arc<braid_store::registry::Registry>,
+    /// ROD tokens made by POPULATE TOKEN, for any unit's WRITE USING
+    /// TOKEN (`rod.rs`).
+    pub tokens: braid_scsi::rod::Tokens<Arc<Served>>,
     /// Connections open, by client address.
     clients: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// Test hook: commands of an initiator's sessions wait before the
@@ -364,6 +368,7 @@ impl IscsiServer {
                 instance: cfg.instance,
                 timers: cfg.timers,
                 connections: cfg.connections.clone(),
+                tokens: braid_scsi::rod::Tokens::default(),
                 clients: Mutex::default(),
                 holds: Mutex::default(),
             }),

@@ -230,7 +230,7 @@ pub fn unit(data: &[u8]) -> usize {
     use braid_scsi::dispatch::{self, Medium, Outcome, Step};
     use braid_scsi::lu::{LogicalUnit, Nexus};
     use braid_scsi::respond::mode_select;
-    use braid_scsi::xcopy;
+    use braid_scsi::{rod, xcopy};
     use braid_scsi::{AccessState, Command, NexusName, PortGroup, Reservations};
 
     if data.len() < 16 {
@@ -273,6 +273,20 @@ pub fn unit(data: &[u8]) -> usize {
             },
         ]
     };
+    // Tokens made by a fuzzed POPULATE TOKEN, for the WRITE USING TOKEN
+    // that may follow.
+    let tokens: rod::Tokens<()> = rod::Tokens::default();
+    let now = std::time::Duration::ZERO;
+    let first = rod::Populate {
+        timeout: std::time::Duration::from_secs(1),
+        ranges: vec![rod::Range { lba: 8, blocks: 64 }],
+    };
+    let creator = rod::Creator {
+        naa: unit.naa(),
+        block_size: 512,
+    };
+    let made = tokens.create((), creator, first, now, &[1; rod::RANDOM_LEN]);
+    let last_token = std::cell::RefCell::new(made.ok());
     // `cmd` from `n` with `params` as its data, as the target answers it
     // (an initiator sending the length its CDB names).
     let decided = std::cell::Cell::new(0);
@@ -331,6 +345,32 @@ pub fn unit(data: &[u8]) -> usize {
                     .map(|_| Vec::new())
                     .into()
             }
+            Step::Medium(Command::PopulateToken { .. }) => rod::parse_populate(&data, unit.blocks)
+                .and_then(|p| tokens.create((), creator, p, now, &[0; rod::RANDOM_LEN]))
+                .map(|t| {
+                    *last_token.borrow_mut() = Some(t);
+                    Vec::new()
+                })
+                .into(),
+            Step::Medium(Command::WriteUsingToken { .. }) => rod::parse_write(&data, unit.blocks)
+                .and_then(|mut w| {
+                    // The token made last (one is made before any input),
+                    // where the input carries none of its own, so that the
+                    // plan is reached.
+                    if let Some(t) = *last_token.borrow() {
+                        if w.token[0] == 0 {
+                            w.token = t;
+                        }
+                    }
+                    let taken = tokens.take(&w.token, now)?;
+                    let pieces = rod::plan(&taken.ranges, w.offset, &w.ranges)?;
+                    let written: u64 = pieces.iter().map(|p| p.blocks).sum();
+                    let asked: u64 = w.ranges.iter().map(|r| u64::from(r.blocks)).sum();
+                    assert!(written <= asked, "a token wrote past its ranges");
+                    taken.put_back(w.delete, Some(now));
+                    Ok(Vec::new())
+                })
+                .into(),
             Step::Medium(_) => Outcome::Good(Vec::new()),
         }
     };

@@ -142,6 +142,23 @@ pub enum Command {
     ExtendedCopy {
         param_len: u32,
     },
+    /// POPULATE TOKEN: a token for the ranges its parameter list names
+    /// ([`crate::rod`]), its outcome held under `list_id`.
+    PopulateToken {
+        list_id: u32,
+        param_len: u32,
+    },
+    /// WRITE USING TOKEN: the ranges its parameter list names written
+    /// from a token's data.
+    WriteUsingToken {
+        list_id: u32,
+        param_len: u32,
+    },
+    /// RECEIVE ROD TOKEN INFORMATION about the token command `list_id`.
+    ReceiveRodTokenInformation {
+        list_id: u32,
+        alloc: u32,
+    },
     /// RECEIVE COPY RESULTS with this service action, about the copy
     /// with list identifier `list_id`.
     ReceiveCopyResults {
@@ -421,6 +438,20 @@ impl Command {
             0x83 if cdb[1] & 0x1f == 0x00 => Command::ExtendedCopy {
                 param_len: be32(&cdb[10..14]),
             },
+            0x83 if cdb[1] & 0x1f == crate::rod::POPULATE_TOKEN => Command::PopulateToken {
+                list_id: be32(&cdb[6..10]),
+                param_len: be32(&cdb[10..14]),
+            },
+            0x83 if cdb[1] & 0x1f == crate::rod::WRITE_USING_TOKEN => Command::WriteUsingToken {
+                list_id: be32(&cdb[6..10]),
+                param_len: be32(&cdb[10..14]),
+            },
+            0x84 if cdb[1] & 0x1f == crate::rod::RECEIVE_ROD_TOKEN_INFORMATION => {
+                Command::ReceiveRodTokenInformation {
+                    list_id: be32(&cdb[2..6]),
+                    alloc: be32(&cdb[10..14]),
+                }
+            }
             0x84 => Command::ReceiveCopyResults {
                 action: cdb[1] & 0x1f,
                 list_id: cdb[2],
@@ -448,7 +479,9 @@ impl Command {
             Command::Verify { bytchk: 3, .. } => Some(u64::from(block)),
             Command::ModeSelect { param_len, .. } => Some(u64::from(param_len)),
             Command::PersistentReserveOut { param_len, .. }
-            | Command::ExtendedCopy { param_len } => Some(u64::from(param_len)),
+            | Command::ExtendedCopy { param_len }
+            | Command::PopulateToken { param_len, .. }
+            | Command::WriteUsingToken { param_len, .. } => Some(u64::from(param_len)),
             _ => None,
         }
     }

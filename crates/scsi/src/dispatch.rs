@@ -10,7 +10,7 @@
 use crate::lu::{LogicalUnit, Nexus};
 use crate::reserve::Effects;
 use crate::respond::{self, Unit};
-use crate::{alua, check_range, opcodes, xcopy, AccessState, Command, Delivery, NexusName};
+use crate::{alua, check_range, opcodes, rod, xcopy, AccessState, Command, Delivery, NexusName};
 use crate::{PortGroup, Refusal, Reservations, Sense};
 
 /// Logical block size every LUN is offered with.
@@ -240,6 +240,7 @@ pub fn decide(
             | Command::CompareAndWrite { .. }
             | Command::WriteAndVerify { .. }
             | Command::OrWrite { .. }
+            | Command::WriteUsingToken { .. }
     );
     if writes && unit.read_only {
         return Step::Answer(Outcome::Check(Sense::WRITE_PROTECTED));
@@ -284,6 +285,9 @@ pub fn decide(
             list_id,
             alloc,
         } => xcopy::receive_copy_results(action, alloc, || lu.copies.get(me, list_id)).into(),
+        Command::ReceiveRodTokenInformation { list_id, alloc } => {
+            rod::receive_rod_token_information(lu.tokens.get(me, list_id), alloc).into()
+        }
         Command::ReportTargetPortGroups { extended, alloc } => {
             Outcome::Good(alua::report_target_port_groups(&groups(), extended, alloc))
         }

@@ -6,7 +6,7 @@
 //! ([`attention`]), across every nexus of the unit ([`lu`]); the way one
 //! command goes through all of it ([`dispatch`]) and what a task
 //! management function covers ([`tmf`]); EXTENDED COPY's parameter
-//! list and limits ([`xcopy`]). Like `braid-iscsi` for the transport, it owns no
+//! list and limits ([`xcopy`]), and token copy's ([`rod`]). Like `braid-iscsi` for the transport, it owns no
 //! socket, task, file or clock; the iSCSI target (`braid-iscsi-target`)
 //! moves the bytes and calls the storage.
 
@@ -20,6 +20,7 @@ pub mod opcodes;
 pub mod ports;
 pub mod reserve;
 pub mod respond;
+pub mod rod;
 pub mod sense;
 pub mod tmf;
 pub mod xcopy;

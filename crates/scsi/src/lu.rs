@@ -41,6 +41,8 @@ pub struct LogicalUnit {
     held: AtomicBool,
     /// The results of EXTENDED COPY commands, for COPY STATUS.
     pub copies: crate::xcopy::Results,
+    /// The outcomes of token commands, for RECEIVE ROD TOKEN INFORMATION.
+    pub tokens: crate::rod::Results,
 }
 
 /// The reservations, locked; whether one is held is noted again when the
@@ -107,6 +109,7 @@ impl LogicalUnit {
             held: AtomicBool::new(reservations.held()),
             reservations: Mutex::new(reservations),
             copies: crate::xcopy::Results::default(),
+            tokens: crate::rod::Results::default(),
         }
     }
 

@@ -114,7 +114,8 @@ fn access(cmd: &Command) -> Access {
         | Command::Verify { .. }
         | Command::GetLbaStatus { .. }
         | Command::Prefetch { .. }
-        | Command::ModeSense { .. } => Access::Read,
+        | Command::ModeSense { .. }
+        | Command::PopulateToken { .. } => Access::Read,
         Command::Write { .. }
         | Command::WriteSame { .. }
         | Command::Unmap { .. }
@@ -123,6 +124,7 @@ fn access(cmd: &Command) -> Access {
         | Command::WriteAndVerify { .. }
         | Command::OrWrite { .. }
         | Command::ExtendedCopy { .. }
+        | Command::WriteUsingToken { .. }
         | Command::ModeSelect { .. } => Access::Write,
         _ => Access::Free,
     }

@@ -125,7 +125,9 @@ impl Unit {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HiSup, response data format 2
         d[4] = 91; // additional length
-        d[5] = 0x10; // TPGS: implicit asymmetric access (ALUA)
+                   // TPGS: implicit asymmetric access (ALUA); 3PC: third-party copy
+                   // (EXTENDED COPY, POPULATE TOKEN and WRITE USING TOKEN).
+        d[5] = 0x10 | 0x08;
         d[6] = 0x10; // MULTIP: more than one port
         d[7] = 0x02; // CMDQUE
         d[8..16].copy_from_slice(VENDOR);

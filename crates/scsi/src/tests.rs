@@ -188,7 +188,7 @@ fn report_target_port_groups_is_parsed_in_both_formats() {
 fn standard_inquiry_says_alua_and_multiport() {
     let d = unit().inquiry(None, 255).unwrap();
     assert_eq!(d.len(), 96);
-    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 91, 0x10, 0x10, 0x02]);
+    assert_eq!(&d[..8], &[0x00, 0x00, 0x06, 0x12, 91, 0x18, 0x10, 0x02]);
     assert_eq!(
         &d[58..66],
         &[0x00, 0xa0, 0x09, 0x60, 0x04, 0x60, 0x04, 0xc0]

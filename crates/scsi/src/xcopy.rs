@@ -403,19 +403,25 @@ fn operating_parameters() -> Vec<u8> {
     d
 }
 
-/// The third-party copy VPD page's body (SPC-4 7.8.17): one Supported
-/// Commands descriptor, naming EXTENDED COPY (LID1) and RECEIVE COPY
-/// RESULTS' COPY STATUS and OPERATING PARAMETERS, so that an initiator
-/// asks nothing else.
+/// The third-party copy VPD page's body (SPC-4 7.8.17): a Supported
+/// Commands descriptor naming EXTENDED COPY (LID1), POPULATE TOKEN and
+/// WRITE USING TOKEN, and RECEIVE COPY RESULTS' COPY STATUS, OPERATING
+/// PARAMETERS and RECEIVE ROD TOKEN INFORMATION, so that an initiator
+/// asks nothing else; then token copy's own descriptors
+/// ([`crate::rod::third_party_copy_descriptors`]).
 pub fn third_party_copy_page() -> Vec<u8> {
+    use crate::rod::{POPULATE_TOKEN, RECEIVE_ROD_TOKEN_INFORMATION, WRITE_USING_TOKEN};
     let commands = [
         EXTENDED_COPY,
-        1,
+        3,
         0x00,
+        POPULATE_TOKEN,
+        WRITE_USING_TOKEN,
         RECEIVE_COPY_RESULTS,
-        2,
+        3,
         COPY_STATUS,
         OPERATING_PARAMETERS,
+        RECEIVE_ROD_TOKEN_INFORMATION,
     ];
     let mut body = vec![commands.len() as u8];
     body.extend_from_slice(&commands);
@@ -423,6 +429,7 @@ pub fn third_party_copy_page() -> Vec<u8> {
     let mut d = 0x0001u16.to_be_bytes().to_vec(); // Supported Commands
     d.extend_from_slice(&(body.len() as u16).to_be_bytes());
     d.extend(body);
+    d.extend(crate::rod::third_party_copy_descriptors());
     d
 }
 

@@ -290,9 +290,23 @@ fn operating_parameters_state_the_limits() {
 #[test]
 fn the_third_party_copy_page_lists_the_commands() {
     let d = third_party_copy_page();
-    assert_eq!(&d[..4], &[0, 1, 0, 8]);
-    assert_eq!(&d[4..12], &[7, 0x83, 1, 0x00, 0x84, 2, 0x00, 0x03]);
-    assert_eq!(d.len() % 4, 0);
+    assert_eq!(&d[..4], &[0, 1, 0, 12]);
+    assert_eq!(
+        &d[4..16],
+        &[10, 0x83, 3, 0x00, 0x10, 0x11, 0x84, 3, 0x00, 0x03, 0x07, 0]
+    );
+    // Then token copy's: ROD token limits, ROD token features, ROD types,
+    // each a whole number of four-byte words as SPC-4 asks.
+    let mut at = 16;
+    let mut kinds = Vec::new();
+    while at < d.len() {
+        let len = usize::from(u16::from_be_bytes([d[at + 2], d[at + 3]]));
+        assert_eq!(len % 4, 0, "descriptor {:04x}", kinds.len());
+        kinds.push(u16::from_be_bytes([d[at], d[at + 1]]));
+        at += 4 + len;
+    }
+    assert_eq!(at, d.len());
+    assert_eq!(kinds, [0x0000, 0x0106, 0x0108]);
 }
 
 #[test]
