@@ -7,6 +7,11 @@
  *                                       source unit (ESXi's default
  *                                       transfer size), the units named
  *                                       by their NAA designators
+ *   iscsi-clone odx SRC_URL DST_URL     Windows' token copy: POPULATE
+ *                                       TOKEN of 64 MiB of the source,
+ *                                       RECEIVE ROD TOKEN INFORMATION for
+ *                                       the token, WRITE USING TOKEN of it
+ *                                       to the destination, per 64 MiB
  *   iscsi-clone host SRC_URL DST_URL    READ(16) from the source and
  *                                       WRITE(16) to the destination,
  *                                       4 MiB at a time, through this host
@@ -31,6 +36,7 @@
 
 #define BLOCK 512
 #define STEP_BLOCKS 8192
+#define TOKEN_BLOCKS 131072
 
 static struct iscsi_context *login(const char *url, struct iscsi_url **u)
 {
@@ -112,6 +118,72 @@ static uint64_t wire_bytes(struct iscsi_context *c)
 	return i.tcpi_bytes_acked + i.tcpi_bytes_received;
 }
 
+static void put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 3; i >= 0; i--, v >>= 8)
+		p[i] = v & 0xff;
+}
+
+static int good(struct scsi_task *t)
+{
+	return t != NULL && t->status == SCSI_STATUS_GOOD;
+}
+
+/* One token copy of n blocks at lba, from src to dst: POPULATE TOKEN,
+ * RECEIVE ROD TOKEN INFORMATION, WRITE USING TOKEN. 1 when all three
+ * were GOOD. */
+static int token_copy(struct iscsi_context *src, int slun, struct iscsi_context *dst, int dlun,
+		      uint64_t lba, uint32_t n)
+{
+	unsigned char cdb[16], pt[32], wut[552];
+	memset(cdb, 0, sizeof cdb);
+	memset(pt, 0, sizeof pt);
+	pt[1] = 30; /* data length: what follows these two bytes */
+	pt[15] = 16; /* one range descriptor */
+	put64(pt + 16, lba);
+	put32(pt + 24, n);
+	cdb[0] = 0x83;
+	cdb[1] = 0x10;
+	put32(cdb + 6, 1); /* list identifier */
+	put32(cdb + 10, sizeof pt);
+	struct iscsi_data data = { .size = sizeof pt, .data = pt };
+	struct scsi_task *t = iscsi_scsi_command_sync(src, slun,
+		scsi_create_task(16, cdb, SCSI_XFER_WRITE, sizeof pt), &data);
+	if (!good(t))
+		return 0;
+	scsi_free_scsi_task(t);
+	memset(cdb, 0, sizeof cdb);
+	cdb[0] = 0x84;
+	cdb[1] = 0x07;
+	put32(cdb + 2, 1);
+	put32(cdb + 10, 1024);
+	t = iscsi_scsi_command_sync(src, slun, scsi_create_task(16, cdb, SCSI_XFER_READ, 1024), NULL);
+	if (!good(t) || t->datain.size < 32 + 4 + 2 + 512 || t->datain.data[13] != 0) {
+		if (t)
+			scsi_free_scsi_task(t);
+		return 0;
+	}
+	memset(wut, 0, sizeof wut);
+	wut[0] = (sizeof wut - 2) >> 8;
+	wut[1] = (sizeof wut - 2) & 0xff;
+	memcpy(wut + 16, t->datain.data + 38, 512);
+	scsi_free_scsi_task(t);
+	wut[535] = 16;
+	put64(wut + 536, lba);
+	put32(wut + 544, n);
+	memset(cdb, 0, sizeof cdb);
+	cdb[0] = 0x83;
+	cdb[1] = 0x11;
+	put32(cdb + 6, 2);
+	put32(cdb + 10, sizeof wut);
+	data = (struct iscsi_data){ .size = sizeof wut, .data = wut };
+	t = iscsi_scsi_command_sync(dst, dlun, scsi_create_task(16, cdb, SCSI_XFER_WRITE, sizeof wut), &data);
+	int ok = good(t);
+	if (t)
+		scsi_free_scsi_task(t);
+	return ok;
+}
+
 static double now(void)
 {
 	struct timespec t;
@@ -121,8 +193,8 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-	if (argc != 4 || (strcmp(argv[1], "xcopy") && strcmp(argv[1], "host"))) {
-		fprintf(stderr, "usage: %s xcopy|host SRC_URL DST_URL\n", argv[0]);
+	if (argc != 4 || (strcmp(argv[1], "xcopy") && strcmp(argv[1], "host") && strcmp(argv[1], "odx"))) {
+		fprintf(stderr, "usage: %s xcopy|odx|host SRC_URL DST_URL\n", argv[0]);
 		return 2;
 	}
 	struct iscsi_url *su, *du;
@@ -152,6 +224,17 @@ int main(int argc, char **argv)
 	unsigned char *buf = malloc(STEP_BLOCKS * BLOCK);
 	uint64_t wire = wire_bytes(src) + wire_bytes(dst);
 	double start = now();
+	if (!strcmp(argv[1], "odx")) {
+		for (uint64_t lba = 0; lba < blocks; lba += TOKEN_BLOCKS) {
+			uint32_t n = blocks - lba < TOKEN_BLOCKS ? blocks - lba : TOKEN_BLOCKS;
+			if (!token_copy(src, su->lun, dst, du->lun, lba, n)) {
+				fprintf(stderr, "odx at block %llu: %s / %s\n", (unsigned long long)lba,
+					iscsi_get_error(src), iscsi_get_error(dst));
+				return 1;
+			}
+		}
+		blocks = 0;
+	}
 	for (uint64_t lba = 0; lba < blocks; lba += STEP_BLOCKS) {
 		uint32_t n = blocks - lba < STEP_BLOCKS ? blocks - lba : STEP_BLOCKS;
 		struct scsi_task *t;
