@@ -93,7 +93,7 @@ pub async fn execute(
         status.bytes += len;
     }
     if let Some(id) = list.list_id {
-        served.lu.copies.put(nexus, id, status);
+        served.lu.copies.put(nexus, id.into(), status);
     }
     outcome
 }

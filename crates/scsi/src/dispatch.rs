@@ -284,7 +284,9 @@ pub fn decide(
             action,
             list_id,
             alloc,
-        } => xcopy::receive_copy_results(action, alloc, || lu.copies.get(me, list_id)).into(),
+        } => {
+            xcopy::receive_copy_results(action, alloc, || lu.copies.get(me, list_id.into())).into()
+        }
         Command::ReceiveRodTokenInformation { list_id, alloc } => {
             rod::receive_rod_token_information(lu.tokens.get(me, list_id), alloc).into()
         }

@@ -6,7 +6,8 @@
 //! ([`attention`]), across every nexus of the unit ([`lu`]); the way one
 //! command goes through all of it ([`dispatch`]) and what a task
 //! management function covers ([`tmf`]); EXTENDED COPY's parameter
-//! list and limits ([`xcopy`]), and token copy's ([`rod`]). Like `braid-iscsi` for the transport, it owns no
+//! list and limits ([`xcopy`]), and token copy's ([`rod`]), and what both
+//! leave for the initiator to ask after ([`held`]). Like `braid-iscsi` for the transport, it owns no
 //! socket, task, file or clock; the iSCSI target (`braid-iscsi-target`)
 //! moves the bytes and calls the storage.
 
@@ -14,6 +15,7 @@ pub mod alua;
 pub mod attention;
 pub mod cdb;
 pub mod dispatch;
+pub mod held;
 pub mod instance;
 pub mod lu;
 pub mod opcodes;

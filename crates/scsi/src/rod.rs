@@ -20,12 +20,10 @@
 //! unknown, expired or deleted is refused with INVALID TOKEN OPERATION
 //! before any block moves.
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::sense::{Key, Sense};
-use crate::NexusName;
 
 /// Service actions of operation code 0x83 and 0x84 this module answers.
 pub const POPULATE_TOKEN: u8 = 0x10;
@@ -60,10 +58,6 @@ pub const MAX_TIMEOUT: u32 = 600;
 /// goes first, and when none has expired POPULATE TOKEN is refused with
 /// INSUFFICIENT RESOURCES TO CREATE ROD TOKEN.
 pub const MAX_TOKENS: usize = 1024;
-
-/// Most results held per unit for RECEIVE ROD TOKEN INFORMATION; the
-/// oldest goes first.
-const MAX_RESULTS: usize = 256;
 
 const HEADER_POPULATE: usize = 16;
 const HEADER_WRITE: usize = 536;
@@ -489,28 +483,7 @@ pub struct Outcome {
 
 /// The outcomes of token commands that ended, by I_T nexus and list
 /// identifier: the latest of each, at most 256 per unit.
-#[derive(Debug, Default)]
-pub struct Results(Mutex<VecDeque<(NexusName, u32, Outcome)>>);
-
-impl Results {
-    /// Holds how the command `list_id` from `nexus` ended.
-    pub fn put(&self, nexus: &NexusName, list_id: u32, outcome: Outcome) {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        held.retain(|(n, l, _)| !(n == nexus && *l == list_id));
-        if held.len() == MAX_RESULTS {
-            held.pop_front();
-        }
-        held.push_back((nexus.clone(), list_id, outcome));
-    }
-
-    /// How the command `list_id` from `nexus` ended, if it is held.
-    pub fn get(&self, nexus: &NexusName, list_id: u32) -> Option<Outcome> {
-        let held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter()
-            .find(|(n, l, _)| n == nexus && *l == list_id)
-            .map(|(_, _, o)| o.clone())
-    }
-}
+pub type Results = crate::held::Held<Outcome>;
 
 /// RECEIVE ROD TOKEN INFORMATION (SPC-4 6.21) about `outcome`, cut to
 /// `alloc`: the copy's status (completed, or completed with errors and

@@ -1,4 +1,5 @@
 use super::*;
+use crate::NexusName;
 
 const NAA: [u8; 16] = [0x6b, 0x2a, 0x1d, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
 

@@ -17,7 +17,6 @@
 //! before any block is moved.
 
 use crate::sense::{Key, Sense};
-use crate::NexusName;
 
 /// Most target descriptors one EXTENDED COPY may carry. A copy needs
 /// two (a source and a destination unit), one when both are the same;
@@ -58,10 +57,6 @@ const BLOCK_TO_BLOCK: u8 = 0x02;
 /// RECEIVE COPY RESULTS service actions braid answers (SPC-4 6.18).
 pub const COPY_STATUS: u8 = 0x00;
 pub const OPERATING_PARAMETERS: u8 = 0x03;
-
-/// Most copy results held per unit for COPY STATUS; the oldest goes
-/// first.
-const MAX_HELD: usize = 256;
 
 pub const EXTENDED_COPY: u8 = 0x83;
 pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
@@ -313,30 +308,9 @@ pub struct Status {
 }
 
 /// The results of copies that ended, by I_T nexus and list identifier
-/// (SPC-4 holds them per nexus): the latest of each, at most
-/// 256 per unit (`MAX_HELD`).
-#[derive(Debug, Default)]
-pub struct Results(std::sync::Mutex<std::collections::VecDeque<(NexusName, u8, Status)>>);
-
-impl Results {
-    /// Holds how the copy `list_id` from `nexus` ended.
-    pub fn put(&self, nexus: &NexusName, list_id: u8, status: Status) {
-        let mut held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        held.retain(|(n, l, _)| !(n == nexus && *l == list_id));
-        if held.len() == MAX_HELD {
-            held.pop_front();
-        }
-        held.push_back((nexus.clone(), list_id, status));
-    }
-
-    /// How the copy `list_id` from `nexus` ended, if it is held.
-    pub fn get(&self, nexus: &NexusName, list_id: u8) -> Option<Status> {
-        let held = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        held.iter()
-            .find(|(n, l, _)| n == nexus && *l == list_id)
-            .map(|(_, _, s)| *s)
-    }
-}
+/// (SPC-4 holds them per nexus): the latest of each, at most 256 per
+/// unit.
+pub type Results = crate::held::Held<Status>;
 
 /// RECEIVE COPY RESULTS with service action `action`, cut to `alloc`;
 /// `held` gives the status of the copy asked about.

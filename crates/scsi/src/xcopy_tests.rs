@@ -322,7 +322,7 @@ fn copy_status_answers_for_the_nexus_and_list_that_copied() {
     let a = crate::NexusName::new("iqn.a", [0, 0, 0, 0, 0, 1], 1);
     let b = crate::NexusName::new("iqn.b", [0, 0, 0, 0, 0, 1], 1);
     let ask = |n: &crate::NexusName, id: u8| {
-        receive_copy_results(COPY_STATUS, 1024, || results.get(n, id))
+        receive_copy_results(COPY_STATUS, 1024, || results.get(n, id.into()))
     };
     assert_eq!(
         ask(&a, 7),
@@ -352,7 +352,7 @@ fn copy_status_answers_for_the_nexus_and_list_that_copied() {
     assert_eq!(&d[4..], &[0x02, 0, 3, 0xf1, 0, 0x80, 0, 0]);
     // The oldest results go first.
     for id in 0..=255u8 {
-        results.put(&b, id, status);
+        results.put(&b, id.into(), status);
     }
     assert!(results.get(&a, 7).is_none());
     assert!(results.get(&b, 0).is_some());
