@@ -345,10 +345,11 @@ fn copy_status(s: Status) -> Vec<u8> {
     d[3] = 8;
     d[4] = if s.ok { 0x01 } else { 0x02 };
     d[5..7].copy_from_slice(&s.segments.to_be_bytes());
-    // Units: bytes, then kibibytes (F1h), mebibytes (F2h), ...
+    // Units: bytes (00h), kibibytes (01h), mebibytes (02h), ... (F1h is
+    // logical blocks, which this count is not).
     let (mut units, mut count) = (0u8, s.bytes);
     while count > u64::from(u32::MAX) {
-        units = if units == 0 { 0xf1 } else { units + 1 };
+        units += 1;
         count >>= 10;
     }
     d[7] = units;

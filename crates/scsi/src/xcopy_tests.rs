@@ -338,7 +338,9 @@ fn copy_status_answers_for_the_nexus_and_list_that_copied() {
     assert_eq!(d, [0, 0, 0, 8, 0x01, 0, 1, 0, 0, 0x10, 0, 0]);
     assert!(ask(&b, 7).is_err(), "another nexus's copy");
     assert!(ask(&a, 8).is_err(), "another list");
-    // Past 4 GiB the count is in kibibytes; a failed copy says so.
+    // Past 4 GiB the count is in kibibytes (units 01h; F1h would say
+    // logical blocks, SPC-4 table 'transfer count units'); a failed copy
+    // says so.
     results.put(
         &a,
         7,
@@ -349,7 +351,7 @@ fn copy_status_answers_for_the_nexus_and_list_that_copied() {
         },
     );
     let d = ask(&a, 7).unwrap();
-    assert_eq!(&d[4..], &[0x02, 0, 3, 0xf1, 0, 0x80, 0, 0]);
+    assert_eq!(&d[4..], &[0x02, 0, 3, 0x01, 0, 0x80, 0, 0]);
     // The oldest results go first.
     for id in 0..=255u8 {
         results.put(&b, id.into(), status);
