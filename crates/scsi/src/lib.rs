@@ -6,10 +6,10 @@
 //! ([`attention`]), across every nexus of the unit ([`lu`]); the way one
 //! command goes through all of it ([`dispatch`]) and what a task
 //! management function covers ([`tmf`]); EXTENDED COPY's parameter
-//! list and limits ([`xcopy`]), and token copy's ([`rod`]), and what both
-//! leave for the initiator to ask after ([`held`]). Like `braid-iscsi` for the transport, it owns no
-//! socket, task, file or clock; the iSCSI target (`braid-iscsi-target`)
-//! moves the bytes and calls the storage.
+//! list and limits ([`xcopy`]), token copy's ([`rod`]), and what both
+//! leave for the initiator to ask after ([`held`]). Like `braid-iscsi`
+//! for the transport, it owns no socket, task, file or clock; the iSCSI
+//! target (`braid-iscsi-target`) moves the bytes and calls the storage.
 
 pub mod alua;
 pub mod attention;
