@@ -176,15 +176,17 @@ pub enum Command {
     },
 }
 
-fn be16(b: &[u8]) -> u16 {
+/// Big-endian fields of CDBs and parameter lists (the caller has checked
+/// the length), for every module of the crate that reads them.
+pub(crate) fn be16(b: &[u8]) -> u16 {
     u16::from_be_bytes([b[0], b[1]])
 }
 
-fn be32(b: &[u8]) -> u32 {
+pub(crate) fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes([b[0], b[1], b[2], b[3]])
 }
 
-fn be64(b: &[u8]) -> u64 {
+pub(crate) fn be64(b: &[u8]) -> u64 {
     u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 

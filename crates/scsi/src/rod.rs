@@ -23,6 +23,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::cdb::{be16, be32, be64};
 use crate::sense::{Key, Sense};
 
 /// Service actions of operation code 0x83 and 0x84 this module answers.
@@ -97,20 +98,6 @@ pub struct WriteUsing {
     pub ranges: Vec<Range>,
     /// DEL_TKN: the token ends once this copy has read it.
     pub delete: bool,
-}
-
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
 }
 
 /// Reads a POPULATE TOKEN parameter list for a unit of `capacity` blocks.

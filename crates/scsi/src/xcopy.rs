@@ -16,6 +16,7 @@
 //! cannot be reached or lies outside its unit is COPY ABORTED, found
 //! before any block is moved.
 
+use crate::cdb::{be16, be32, be64};
 use crate::sense::{Key, Sense};
 
 /// Most target descriptors one EXTENDED COPY may carry. A copy needs
@@ -116,20 +117,6 @@ pub struct Copy<U> {
     pub destination: U,
     pub destination_lba: u64,
     pub blocks: u64,
-}
-
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
 }
 
 /// Reads an EXTENDED COPY (LID1) parameter list. An empty list is no
