@@ -4,6 +4,7 @@
 //! opcode braid does not implement is [`Command::Unsupported`], answered
 //! INVALID COMMAND OPERATION CODE, never a crash.
 
+use super::be::{be16, be32, be64};
 use super::sense::Sense;
 
 /// A parsed CDB. Lengths and addresses are in logical blocks unless named
@@ -174,20 +175,6 @@ pub enum Command {
     Unsupported {
         opcode: u8,
     },
-}
-
-/// Big-endian fields of CDBs and parameter lists (the caller has checked
-/// the length), for every module of the crate that reads them.
-pub(crate) fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-
-pub(crate) fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-
-pub(crate) fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
 }
 
 /// The CDB's length by its group code (the top three bits of the opcode),

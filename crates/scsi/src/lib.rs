@@ -13,6 +13,7 @@
 
 pub mod alua;
 pub mod attention;
+mod be;
 pub mod cdb;
 pub mod dispatch;
 pub mod held;

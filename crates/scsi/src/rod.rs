@@ -23,7 +23,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::cdb::{be16, be32, be64};
+use crate::be::{be16, be32, be64};
 use crate::sense::{Key, Sense};
 
 /// Service actions of operation code 0x83 and 0x84 this module answers.

@@ -16,7 +16,7 @@
 //! cannot be reached or lies outside its unit is COPY ABORTED, found
 //! before any block is moved.
 
-use crate::cdb::{be16, be32, be64};
+use crate::be::{be16, be32, be64};
 use crate::sense::{Key, Sense};
 
 /// Most target descriptors one EXTENDED COPY may carry. A copy needs
