@@ -42,11 +42,18 @@ impl RbdVolume {
         what: &str,
         op: impl FnOnce() -> braid_rbd::Result<T> + Send + 'static,
     ) -> braid_rbd::Result<T> {
-        self.deadlines.within(
-            super::deadline::OP_DEADLINE,
-            &format!("{}: {what}", self.spec),
-            op,
-        )
+        self.bounded_by(super::deadline::OP_DEADLINE, what, op)
+    }
+
+    /// As [`Self::bounded`], waiting at most `limit`.
+    pub(super) fn bounded_by<T: Send + 'static>(
+        &self,
+        limit: std::time::Duration,
+        what: &str,
+        op: impl FnOnce() -> braid_rbd::Result<T> + Send + 'static,
+    ) -> braid_rbd::Result<T> {
+        self.deadlines
+            .within(limit, &format!("{}: {what}", self.spec), op)
     }
 
     /// The gateway records in the image's metadata, as listed.

@@ -22,6 +22,13 @@ pub(crate) const OUTSTANDING: usize = 8;
 /// How long a record, heartbeat or registry read may take.
 pub(crate) const OP_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long a change of the image's metadata (a record written or
+/// removed) may take: librbd tells every watcher of the image and waits up
+/// to 5 s for their answers before it returns, so a single gateway that
+/// does not answer made a call bounded by [`OP_DEADLINE`] fail every time
+/// though the change was made.
+pub(crate) const METADATA_DEADLINE: Duration = Duration::from_secs(12);
+
 /// Calls of one image that outlived their deadline and still run.
 #[derive(Debug, Default)]
 pub(crate) struct Deadlines {

@@ -6,6 +6,7 @@
 use braid_rbd::Image;
 use tracing::{info, warn};
 
+use super::deadline::METADATA_DEADLINE;
 use super::lease::{self, Entry};
 use super::volume::RbdVolume;
 
@@ -36,9 +37,11 @@ impl RbdVolume {
             (key, entry)
         };
         let (image, k, json) = (self.image(), key.clone(), entry.to_json());
-        self.bounded("writing this gateway's record", move || {
-            image.metadata_set(&k, &json)
-        })?;
+        self.bounded_by(
+            METADATA_DEADLINE,
+            "writing this gateway's record",
+            move || image.metadata_set(&k, &json),
+        )?;
         self.lease().own = Some(key);
         self.beat()
     }
@@ -64,7 +67,7 @@ impl RbdVolume {
     pub(super) fn unrecord(&self, key: &str) -> braid_rbd::Result<()> {
         let (image, io) = (self.image(), self.ioctx());
         let (key, oid) = (key.to_owned(), super::barrier::object(&self.image_id));
-        self.bounded("removing a gateway record", move || {
+        self.bounded_by(METADATA_DEADLINE, "removing a gateway record", move || {
             image.metadata_remove(&key)?;
             io.omap_remove(&oid, &key)
         })

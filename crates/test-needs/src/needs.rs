@@ -22,6 +22,7 @@ pub(crate) const TOOLS: &[&str] = &[
     "nbd-client",
     "python3",
     "ip",
+    "ss",
     "tc",
     "iscsi-ls",
     "iscsi-test-cu",

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::common::{free_port, output, ChildGuard, Serve};
 
+pub mod cut;
+
 /// The shared cluster.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -260,7 +262,7 @@ impl Cluster {
     }
 
     /// One command to a daemon's admin socket (`ceph daemon NAME ...`).
-    fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
+    pub fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
         admin_at(
             &self.dir.join("run").join(format!("ceph-{daemon}.asok")),
             command,
