@@ -62,13 +62,19 @@ fn a_live_gateways_path_fault_ends_with_its_connections_dropped_and_no_blocklist
         // The cut must find writes in flight on the path through the
         // relay, or there is nothing to fence: wait until writes flow
         // there (on a busy machine the load may start late).
-        let before = relay.sent();
+        let (before, began) = (relay.sent(), std::time::Instant::now());
         assert!(
             common::wait_until(Duration::from_secs(10), || relay.sent()
                 > before + (1 << 20)),
             "no writes went through the relay to B (its path never carried the load)"
         );
-        relay.cut_and_hold()
+        // Said so that a run whose cut found nothing in flight shows when
+        // it came.
+        eprintln!(
+            "the relay's path carried 1 MiB more {:?} into the load's third second, and is cut",
+            began.elapsed()
+        );
+        relay.cut_and_hold();
     });
     let (a_log, b_log) = (a.log(), b.log());
     let listed = c.blocklisted(&addrs);
