@@ -326,8 +326,9 @@ impl Engine {
                 return;
             }
             let reason = format!(
-                "no reply in {:.1} s, and its connection does not answer",
-                quiet.as_secs_f64()
+                "no reply in {:.1} s, and its connection does not answer ({})",
+                quiet.as_secs_f64(),
+                self.paths[i].liveness.silence(now)
             );
             self.path_failed(now, PathId(i), &reason);
         }

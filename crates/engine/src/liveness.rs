@@ -115,6 +115,36 @@ impl Liveness {
         yes
     }
 
+    /// What the connection showed by `now`, for the reason a silent path
+    /// is failed: when the probe went out, when bytes last moved, and the
+    /// kernel's last word on the peer, so that a live path failed by
+    /// mistake can be told from a dead one in a log.
+    pub fn silence(&self, now: Duration) -> String {
+        let ago = |t: Duration| now.saturating_sub(t).as_secs_f64();
+        let probe = self.probe_sent.map_or("no probe out".to_owned(), |t| {
+            format!("probe sent {:.2} s ago", ago(t))
+        });
+        let moved = self.wire_grew.map_or("no byte moved yet".to_owned(), |t| {
+            format!("bytes last moved {:.2} s ago", ago(t))
+        });
+        let kernel = self
+            .kernel
+            .map_or("no kernel figures".to_owned(), |(at, k)| {
+                format!(
+                    "kernel {:.2} s ago: last ACK {:.2} s before that, window {}, {}",
+                    ago(at),
+                    k.last_ack.as_secs_f64(),
+                    if k.window_closed { "closed" } else { "open" },
+                    if k.stalled {
+                        "retransmitting or probes unanswered"
+                    } else {
+                        "not stalled"
+                    }
+                )
+            });
+        format!("{probe}; {moved}; {kernel}")
+    }
+
     /// How long a reply may take on a path whose connection lives: four
     /// times the slowest it has given, within `[min, max]`.
     pub fn patience(&self, min: Duration, max: Duration) -> Duration {
@@ -128,6 +158,30 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
     const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn the_silence_of_a_failed_path_says_what_was_and_was_not_seen() {
+        let mut l = Liveness::default();
+        assert_eq!(
+            l.silence(S(1)),
+            "no probe out; no byte moved yet; no kernel figures"
+        );
+        l.wire(MS(100), 5000);
+        l.probe_sent(MS(400));
+        l.kernel(
+            MS(900),
+            KernelHealth {
+                stalled: true,
+                window_closed: true,
+                last_ack: MS(700),
+            },
+        );
+        assert_eq!(
+            l.silence(S(1)),
+            "probe sent 0.60 s ago; bytes last moved 0.90 s ago; kernel 0.10 s ago: last ACK \
+             0.70 s before that, window closed, retransmitting or probes unanswered"
+        );
+    }
 
     #[test]
     fn a_probe_counts_as_answered_only_by_bytes_after_it() {
