@@ -232,7 +232,7 @@ pub(super) fn fence_entry(vol: &RbdVolume, entry: &Entry) -> Result<(), String> 
 /// live gateway to drop its connections before it (to show a test that
 /// the stale write then lands).
 fn skip_blocklist_for_tests() -> bool {
-    braid_store::TEST_HOOKS && std::env::var_os("BRAID_DANGER_NO_BLOCKLIST").is_some()
+    danger_hook("BRAID_DANGER_NO_BLOCKLIST")
 }
 
 /// Test hook: with `BRAID_DANGER_NO_BARRIER` set in a build with the
@@ -241,5 +241,10 @@ fn skip_blocklist_for_tests() -> bool {
 /// (to show a test that a re-sent write served by a gateway still on an
 /// older map can then be overwritten by the stale gateway's).
 fn skip_barrier_for_tests() -> bool {
-    braid_store::TEST_HOOKS && std::env::var_os("BRAID_DANGER_NO_BARRIER").is_some()
+    danger_hook("BRAID_DANGER_NO_BARRIER")
+}
+
+/// Whether the test hook `var` is set, in a build with `test-hooks`.
+fn danger_hook(var: &str) -> bool {
+    braid_store::TEST_HOOKS && std::env::var_os(var).is_some()
 }

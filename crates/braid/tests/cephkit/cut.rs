@@ -72,15 +72,7 @@ impl Cut {
 
 impl Drop for Cut {
     fn drop(&mut self) {
-        nft(
-            &[
-                "delete".as_ref(),
-                "table".as_ref(),
-                "ip".as_ref(),
-                self.table.as_ref(),
-            ],
-            "lifting a cut",
-        );
+        delete_table(&self.table, "lifting a cut");
     }
 }
 
@@ -103,17 +95,16 @@ fn clear_stale() {
             continue;
         };
         if !Path::new(&format!("/proc/{pid}")).exists() {
-            nft(
-                &[
-                    "delete".as_ref(),
-                    "table".as_ref(),
-                    "ip".as_ref(),
-                    table.as_ref(),
-                ],
-                "removing a cut left by a test process that is gone",
-            );
+            delete_table(table, "removing a cut left by a test process that is gone");
         }
     }
+}
+
+fn delete_table(table: &str, what: &str) {
+    nft(
+        &["delete", "table", "ip", table].map(std::ffi::OsStr::new),
+        what,
+    );
 }
 
 fn nft(args: &[&std::ffi::OsStr], what: &str) {

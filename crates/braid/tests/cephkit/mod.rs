@@ -262,7 +262,7 @@ impl Cluster {
     }
 
     /// One command to a daemon's admin socket (`ceph daemon NAME ...`).
-    pub fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
+    fn admin(&self, daemon: &str, command: &serde_json::Value) -> String {
         admin_at(
             &self.dir.join("run").join(format!("ceph-{daemon}.asok")),
             command,
