@@ -94,9 +94,11 @@ pub struct Done {
     /// The allocation a BLOCK STATUS found, from the job's offset (empty
     /// when unknown, which means all data).
     pub extents: Vec<Extent>,
-    /// The whole of a READ's data in a pipe instead of `data`: only ever
-    /// from [`Storage::start_piped`], to a front end that can splice it.
-    pub piped: Option<braid_pool::Piped>,
+    /// Pieces of a READ's data in pipes instead of `data`, as (offset
+    /// within the job, pipes), in order: only ever from
+    /// [`Storage::start_piped`], to a front end that can splice them.
+    /// With `data` they cover the job exactly.
+    pub piped: Vec<(u64, braid_pool::Piped)>,
 }
 
 /// A job under way.

@@ -68,8 +68,8 @@ impl Storage for VolumeForward {
         self.0.start(request(job, payload), finish);
     }
 
-    /// As [`Self::start`], and a READ answered whole by one path may come
-    /// back in a pipe, spliced from the path's socket.
+    /// As [`Self::start`], and the pieces of a READ that a path answered
+    /// whole may come back in pipes, spliced from the path's socket.
     fn start_piped(
         &self,
         _writes: &Arc<RangeLock>,

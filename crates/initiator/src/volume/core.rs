@@ -13,8 +13,9 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use super::link::Link;
+use super::reads::{self, assemble, forget, place, place_piped};
 use crate::discover::PathSpec;
-use crate::engine::{Access, Action, ChunkInfo, Engine, FenceId, IoError, Op, PathId, ReqId};
+use crate::engine::{Access, Action, Engine, FenceId, IoError, Op, PathId, ReqId};
 use crate::sink::{Signal, Sink};
 use braid_proto::braid_ns::ConnId;
 
@@ -26,10 +27,11 @@ pub struct Done {
     pub data: Vec<(u64, Bytes)>,
     /// BLOCK_STATUS's answer: allocation from the request's offset on.
     pub extents: Vec<Extent>,
-    /// The whole of a READ's data in a pipe instead of `data`: only for a
-    /// request started with [`Finish::piped`], and only when one reply
-    /// brought all of it (not split, not TLS).
-    pub piped: Option<braid_pool::Piped>,
+    /// READ data in pipes instead of `data`, as (offset within the
+    /// request, pipes), in offset order: only for a request started with
+    /// [`Finish::piped`], and only for pieces that one reply of a plain
+    /// TCP connection brought whole. With `data` it covers the request.
+    pub piped: Vec<(u64, braid_pool::Piped)>,
 }
 
 #[derive(Debug)]
@@ -40,8 +42,8 @@ pub(crate) struct Pending {
     /// The chunk each of `done.data`'s pieces came in on, so that what a
     /// chunk brought can be dropped when it is read again.
     pub sources: Vec<u64>,
-    /// The chunk whose reply filled `done.piped`.
-    pub piped_from: Option<u64>,
+    /// The chunk each of `done.piped`'s pieces came in on.
+    pub piped_sources: Vec<u64>,
     pub finish: Finish,
 }
 
@@ -75,6 +77,11 @@ impl Finish {
         let mut finish = Self::new(f);
         finish.pipe = true;
         finish
+    }
+
+    /// Whether the caller takes READ data as [`Done::piped`].
+    pub(crate) fn takes_pipes(&self) -> bool {
+        self.pipe
     }
 
     pub fn call(mut self, result: Result<Done, IoError>) {
@@ -267,53 +274,6 @@ impl Core {
     }
 }
 
-/// Puts a read's pieces in order and checks they cover it exactly.
-fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
-    if let Some(piped) = &done.piped {
-        // Only ever the whole request, alone (see `pipe_ok`).
-        if done.data.is_empty() && piped.len() as u64 == len {
-            return Ok(done);
-        }
-        return Err(IoError::Target {
-            kind: ErrorKind::Io,
-            message: format!("server answered {} of {len} bytes of a read", piped.len()),
-        });
-    }
-    done.data.sort_by_key(|(off, _)| *off);
-    let mut at = 0u64;
-    for (off, b) in &done.data {
-        if *off != at {
-            return Err(IoError::Target {
-                kind: ErrorKind::Io,
-                message: format!(
-                    "server left bytes {at}..{off} of the read unanswered or answered twice"
-                ),
-            });
-        }
-        at += b.len() as u64;
-    }
-    if at != len {
-        return Err(IoError::Target {
-            kind: ErrorKind::Io,
-            message: format!("server answered {at} of {len} bytes of a read"),
-        });
-    }
-    Ok(done)
-}
-
-/// Where READ data that a reply puts at absolute `offset` (or, for a simple
-/// reply, at the chunk's start) lands within the caller's request; `None`
-/// if it does not lie inside the chunk.
-pub(crate) fn place_in_request(info: &ChunkInfo, offset: Option<u64>, len: u64) -> Option<u64> {
-    if info.op != Op::Read {
-        return None;
-    }
-    let start = offset.unwrap_or(info.offset);
-    let end = start.checked_add(len)?;
-    (start >= info.offset && end <= info.offset + u64::from(info.len))
-        .then(|| info.req_offset + (start - info.offset))
-}
-
 /// The engine's view of one connection's replies.
 pub(crate) struct ConnSink {
     pub shared: Weak<Shared>,
@@ -335,55 +295,6 @@ impl ConnSink {
     fn place(&self, cookie: Cookie, offset: Option<u64>, data: Bytes) {
         self.with_core(|_, core| place(core, cookie, offset, data));
     }
-}
-
-/// Adds READ data that arrived for `cookie` to its request.
-fn place(core: &mut Core, cookie: Cookie, offset: Option<u64>, data: Bytes) {
-    let Some(info) = core.engine.chunk(cookie) else {
-        return;
-    };
-    let Some(req) = info.req else {
-        return; // a probe's data is not needed
-    };
-    let Some(p) = core.reqs.get_mut(&req.0) else {
-        return;
-    };
-    // Untrusted offsets: data outside its chunk is refused by leaving the
-    // read short, which fails it.
-    let Some(at) = place_in_request(&info, offset, data.len() as u64) else {
-        return;
-    };
-    *core.received.entry(cookie.0).or_default() += data.len() as u64;
-    p.done.data.push((at, data));
-    p.sources.push(cookie.0);
-}
-
-/// Whether chunk `cookie`'s READ data (`len` bytes at `offset`) may come
-/// in a pipe: it is the whole of a request whose caller takes piped data,
-/// and nothing of it has arrived yet.
-fn pipe_ok(core: &Core, cookie: Cookie, offset: Option<u64>, len: u32) -> Option<u64> {
-    let info = core.engine.chunk(cookie)?;
-    let req = info.req?;
-    let p = core.reqs.get(&req.0)?;
-    let whole = p.finish.pipe
-        && info.len == len
-        && p.len == u64::from(len)
-        && place_in_request(&info, offset, u64::from(len)) == Some(0)
-        && p.done.data.is_empty()
-        && p.done.piped.is_none()
-        && !core.received.contains_key(&cookie.0);
-    whole.then_some(req.0)
-}
-
-/// Drops what chunk `cookie` brought to a read: the piece is read again.
-fn forget(p: &mut Pending, cookie: u64) {
-    if p.piped_from == Some(cookie) {
-        p.piped_from = None;
-        p.done.piped = None;
-    }
-    let mut keep = p.sources.iter().map(|&c| c != cookie);
-    p.done.data.retain(|_| keep.next().unwrap_or(true));
-    p.sources.retain(|&c| c != cookie);
 }
 
 /// Hands the end of `cookie`'s reply to the engine and carries out what
@@ -451,28 +362,13 @@ impl Sink for ConnSink {
     }
 
     fn pipe_ok(&self, cookie: Cookie, offset: Option<u64>, len: u32) -> bool {
-        self.with_core(|_, core| pipe_ok(core, cookie, offset, len).is_some())
+        self.with_core(|_, core| reads::pipe_ok(core, cookie, offset, len).is_some())
             .unwrap_or(false)
     }
 
     fn piped_done(&self, cookie: Cookie, offset: Option<u64>, piped: braid_pool::Piped) {
         self.with_core(|shared, core| {
-            // Checked again: the lock was let go while the data came in.
-            let len = piped.len();
-            match pipe_ok(core, cookie, offset, len as u32) {
-                Some(req) => {
-                    if let Some(p) = core.reqs.get_mut(&req) {
-                        core.received.insert(cookie.0, len as u64);
-                        p.done.piped = Some(piped);
-                        p.piped_from = Some(cookie.0);
-                    }
-                }
-                None => {
-                    if let Ok(data) = piped.into_bytes() {
-                        place(core, cookie, offset, data);
-                    }
-                }
-            }
+            place_piped(core, cookie, offset, piped);
             finish(shared, core, cookie, None);
         });
     }
@@ -549,7 +445,7 @@ pub(crate) fn start(shared: &Arc<Shared>, req: super::Request, finish: Finish) {
         len,
         done: Done::default(),
         sources: Vec::new(),
-        piped_from: None,
+        piped_sources: Vec::new(),
         finish,
     };
     let id = core.engine.submit(now, submit);

@@ -3,7 +3,9 @@
 //! and overlaps fail the read.
 
 use super::*;
+use crate::engine::ChunkInfo;
 use crate::engine::{EngineConfig, PathConfig, Submit};
+use crate::volume::reads::place_in_request;
 use braid_block::Flags;
 use braid_policy::{by_name, PolicyOptions, SplitRules, NAMES};
 use proptest::prelude::*;
@@ -111,7 +113,7 @@ fn gaps_and_overlaps_fail_the_read() {
             (3, Bytes::from_static(b"d")),
         ],
         extents: vec![],
-        piped: None,
+        piped: Vec::new(),
     };
     assert!(assemble(d, 4).is_err());
     let d = Done {
@@ -120,7 +122,39 @@ fn gaps_and_overlaps_fail_the_read() {
             (1, Bytes::from_static(b"bc")),
         ],
         extents: vec![],
-        piped: None,
+        piped: Vec::new(),
     };
     assert!(assemble(d, 3).is_err());
+}
+
+/// `bytes` in a pipe, as a reply's piece spliced from a socket would be.
+fn piped(bytes: &[u8]) -> braid_pool::Piped {
+    let mut fill = braid_pool::PipeFill::new(bytes.len(), braid_pool::PIPES).unwrap();
+    assert!(fill.push(bytes));
+    fill.finish().unwrap()
+}
+
+#[test]
+fn pieces_in_pipes_and_buffers_together_cover_a_read_or_fail_it() {
+    let d = Done {
+        data: vec![(3, Bytes::from_static(b"def"))],
+        extents: vec![],
+        piped: vec![(6, piped(b"gh")), (0, piped(b"abc"))],
+    };
+    let got = assemble(d, 8).unwrap();
+    let offsets: Vec<u64> = got.piped.iter().map(|(at, _)| *at).collect();
+    assert_eq!(offsets, [0, 6], "piped pieces are handed on in order");
+    // A piped piece overlapping a buffered one, and one leaving a gap.
+    let d = Done {
+        data: vec![(0, Bytes::from_static(b"abc"))],
+        extents: vec![],
+        piped: vec![(2, piped(b"cd"))],
+    };
+    assert!(assemble(d, 4).is_err());
+    let d = Done {
+        data: vec![(0, Bytes::from_static(b"ab"))],
+        extents: vec![],
+        piped: vec![(3, piped(b"d"))],
+    };
+    assert!(assemble(d, 4).is_err());
 }

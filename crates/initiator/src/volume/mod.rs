@@ -25,6 +25,7 @@ mod link;
 mod nbd;
 mod open;
 mod plan;
+mod reads;
 mod recover;
 mod report;
 #[cfg(test)]
@@ -336,7 +337,7 @@ impl Volume {
                 Done {
                     data,
                     extents: done.extents,
-                    piped: None,
+                    piped: Vec::new(),
                 }
             }));
         });

@@ -41,8 +41,16 @@ pub(crate) struct Reply {
 pub(crate) enum ZeroCopy {
     /// From a file, with `sendfile`.
     File(FileData),
-    /// From a pipe that holds all of it, with `splice` (a multipath
-    /// volume's reply, spliced into the pipe from a path's socket).
+    /// Bytes and pipes in turn, `writev` for the one and `splice` for the
+    /// other (a multipath volume's reply, whose pieces were spliced into
+    /// pipes from its paths' sockets, with the headers between them).
+    Pieces(Vec<Piece>),
+}
+
+/// One piece of a reply sent as [`ZeroCopy::Pieces`].
+#[derive(Debug)]
+pub(crate) enum Piece {
+    Mem(Bytes),
     Pipe(braid_pool::Piped),
 }
 

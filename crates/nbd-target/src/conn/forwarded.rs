@@ -8,7 +8,9 @@ use bytes::{Bytes, BytesMut};
 
 use braid_store::Done;
 
-use super::execute::{block_status_reply, error_reply, ok_reply, Reply, ReplyStyle, ZeroCopy};
+use super::execute::{
+    block_status_reply, error_reply, ok_reply, Piece, Reply, ReplyStyle, ZeroCopy,
+};
 
 /// Builds the reply to `req` from what the executor brought back. An
 /// error keeps its kind as NBD's errno, storage lost (ESHUTDOWN) included:
@@ -23,20 +25,51 @@ pub(crate) fn reply(
         Err(e) => return error_reply(style, req.cookie, Errno::from_kind(e.kind), &e.message),
     };
     match req.command {
-        Command::Read => match done.piped {
-            Some(piped) => read_piped(style, req, piped),
-            None => read(style, req, done.data),
-        },
+        Command::Read if done.piped.is_empty() => read(style, req, done.data),
+        Command::Read => read_piped(style, req, done.data, done.piped),
         Command::BlockStatus => block_status_reply(style, req, &done.extents),
         _ => ok_reply(style, req.cookie),
     }
 }
 
-/// A READ whose data waits in a pipe: its header, then the pipe spliced
-/// into the socket by the writer (copied out first for a writer that
-/// cannot splice).
-fn read_piped(style: &ReplyStyle, req: &Request, piped: braid_pool::Piped) -> Reply {
-    if piped.len() != req.length as usize {
+/// A READ some of whose pieces wait in pipes: the headers and the pieces
+/// in bytes go out with `writev`, the pipes are spliced into the socket by
+/// the writer (copied out first for a writer that cannot splice). The
+/// chunks are those [`read`] makes of the same pieces.
+fn read_piped(
+    style: &ReplyStyle,
+    req: &Request,
+    mut data: Vec<(u64, Bytes)>,
+    piped: Vec<(u64, braid_pool::Piped)>,
+) -> Reply {
+    if !style.zero_copy {
+        for (at, p) in piped {
+            match p.into_bytes() {
+                Ok(bytes) => data.push((at, bytes)),
+                Err(e) => return error_reply(style, req.cookie, Errno::Io, &e.to_string()),
+            }
+        }
+        data.sort_by_key(|(at, _)| *at);
+        return read(style, req, data);
+    }
+    let mut pieces: Vec<(u64, usize, Piece)> = data
+        .into_iter()
+        .map(|(at, b)| (at, b.len(), Piece::Mem(b)))
+        .chain(
+            piped
+                .into_iter()
+                .map(|(at, p)| (at, p.len(), Piece::Pipe(p))),
+        )
+        .collect();
+    pieces.sort_by_key(|(at, _, _)| *at);
+    let mut end = 0u64;
+    for (at, len, _) in &pieces {
+        if *at != end {
+            break;
+        }
+        end += *len as u64;
+    }
+    if end != u64::from(req.length) {
         return error_reply(
             style,
             req.cookie,
@@ -44,17 +77,28 @@ fn read_piped(style: &ReplyStyle, req: &Request, piped: braid_pool::Piped) -> Re
             "the volume returned a short read",
         );
     }
-    if !style.zero_copy {
-        return match piped.into_bytes() {
-            Ok(data) => read(style, req, vec![(0, data)]),
-            Err(e) => error_reply(style, req.cookie, Errno::Io, &e.to_string()),
-        };
-    }
+    let one_chunk = !style.structured || req.flags.has(CmdFlags::DF) || pieces.len() <= 1;
     let mut head = Vec::with_capacity(28);
-    header(style, req, &mut head);
+    let mut rest = Vec::with_capacity(pieces.len() * 2);
+    if one_chunk {
+        header(style, req, &mut head);
+        rest.extend(pieces.into_iter().map(|(_, _, p)| p));
+    } else {
+        let n = pieces.len();
+        for (i, (at, len, piece)) in pieces.into_iter().enumerate() {
+            let mut h = Vec::with_capacity(28);
+            encode::offset_data_header(&mut h, req.cookie, req.offset + at, len as u32, i + 1 == n);
+            if i == 0 {
+                head = h;
+            } else {
+                rest.push(Piece::Mem(Bytes::from(h)));
+            }
+            rest.push(piece);
+        }
+    }
     Reply {
         parts: vec![Bytes::from(head)],
-        file: Some(ZeroCopy::Pipe(piped)),
+        file: Some(ZeroCopy::Pieces(rest)),
         ok: true,
         cut: false,
     }
@@ -204,6 +248,77 @@ mod tests {
             zero_copy: false,
         };
         let r = read(&style, &req(0), vec![(0, Bytes::from_static(b"abc"))]);
+        assert!(!r.ok);
+    }
+
+    fn piped(bytes: &[u8]) -> braid_pool::Piped {
+        let mut fill = braid_pool::PipeFill::new(bytes.len(), braid_pool::PIPES).unwrap();
+        assert!(fill.push(bytes));
+        fill.finish().unwrap()
+    }
+
+    /// What the writer puts on the wire for `r`: its parts, then its
+    /// pieces, the pipes read out.
+    fn wire(r: Reply) -> Vec<u8> {
+        let mut out = flatten(&r);
+        if let Some(ZeroCopy::Pieces(pieces)) = r.file {
+            for p in pieces {
+                match p {
+                    Piece::Mem(b) => out.extend_from_slice(&b),
+                    Piece::Pipe(p) => out.extend_from_slice(&p.into_bytes().unwrap()),
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn piped_pieces_go_on_the_wire_as_the_same_chunks_as_buffered_ones() {
+        for (flags, structured) in [(0, true), (CmdFlags::DF, true), (0, false)] {
+            let style = |zero_copy| ReplyStyle {
+                structured,
+                contexts: vec![],
+                zero_copy,
+            };
+            let want = wire(read(&style(false), &req(flags), pieces()));
+            let mixed = || {
+                (
+                    vec![(3, Bytes::from_static(b"def"))],
+                    vec![(0, piped(b"abc"))],
+                )
+            };
+            let (data, pipes) = mixed();
+            let spliced = read_piped(&style(true), &req(flags), data, pipes);
+            assert!(spliced.ok);
+            assert!(matches!(spliced.file, Some(ZeroCopy::Pieces(_))));
+            assert_eq!(
+                wire(spliced),
+                want,
+                "flags {flags}, structured {structured}"
+            );
+            let (data, pipes) = mixed();
+            let copied = read_piped(&style(false), &req(flags), data, pipes);
+            assert!(
+                copied.file.is_none(),
+                "a writer that cannot splice gets bytes"
+            );
+            assert_eq!(wire(copied), want);
+        }
+    }
+
+    #[test]
+    fn piped_pieces_that_leave_a_gap_are_a_short_read() {
+        let style = ReplyStyle {
+            structured: true,
+            contexts: vec![],
+            zero_copy: true,
+        };
+        let r = read_piped(
+            &style,
+            &req(0),
+            vec![(0, Bytes::from_static(b"ab"))],
+            vec![(3, piped(b"def"))],
+        );
         assert!(!r.ok);
     }
 }

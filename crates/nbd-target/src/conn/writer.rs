@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use super::execute::ZeroCopy;
+use super::execute::{Piece, ZeroCopy};
 use super::{sock, ConnError, Reply};
 
 /// What a request holds while in flight: a request slot, and its payload
@@ -72,7 +72,7 @@ pub(super) async fn sock_write_loop<W>(
             sock.writev(&parts).await?;
             match &batch[end - 1].reply.file {
                 Some(ZeroCopy::File(file)) => sock.sendfile(file).await?,
-                Some(ZeroCopy::Pipe(pipe)) => sock.splice(pipe).await?,
+                Some(ZeroCopy::Pieces(pieces)) => write_pieces(&mut sock, pieces).await?,
                 None => {}
             }
             start = end;
@@ -80,5 +80,32 @@ pub(super) async fn sock_write_loop<W>(
         batch.clear();
     }
     sock.shutdown();
+    Ok(())
+}
+
+/// Bytes and pipes in turn: each run of bytes in one `writev`, each pipe
+/// spliced.
+async fn write_pieces(sock: &mut sock::SockWriter, pieces: &[Piece]) -> std::io::Result<()> {
+    let mut start = 0;
+    while start < pieces.len() {
+        let end = pieces[start..]
+            .iter()
+            .position(|p| matches!(p, Piece::Pipe(_)))
+            .map_or(pieces.len(), |i| start + i);
+        let mem: Vec<&[u8]> = pieces[start..end]
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Mem(b) => Some(&b[..]),
+                Piece::Pipe(_) => None,
+            })
+            .collect();
+        if !mem.is_empty() {
+            sock.writev(&mem).await?;
+        }
+        if let Some(Piece::Pipe(pipe)) = pieces.get(end) {
+            sock.splice(pipe).await?;
+        }
+        start = end + 1;
+    }
     Ok(())
 }
