@@ -66,6 +66,8 @@ impl Part {
 pub struct PipeFill {
     parts: Vec<Part>,
     most: usize,
+    /// The largest pipe made for it.
+    size: usize,
     want: usize,
     got: usize,
 }
@@ -79,9 +81,19 @@ impl PipeFill {
     /// The kernel refused the pipe or its size (the user's pipe budget
     /// spent): the caller copies instead.
     pub fn new(len: usize, most: usize) -> io::Result<Self> {
+        Self::sized(len, most, PIPE_MAX)
+    }
+
+    /// As [`Self::new`], with pipes of at most `size` bytes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::new`].
+    pub fn sized(len: usize, most: usize, size: usize) -> io::Result<Self> {
         Ok(Self {
-            parts: vec![Part::new(2 * len)?],
+            parts: vec![Part::new((2 * len).min(size))?],
             most,
+            size,
             want: len,
             got: 0,
         })
@@ -93,7 +105,7 @@ impl PipeFill {
         if self.parts.len() >= self.most {
             return false;
         }
-        match Part::new(2 * self.missing()) {
+        match Part::new((2 * self.missing()).min(self.size)) {
             Ok(part) => {
                 self.parts.push(part);
                 true

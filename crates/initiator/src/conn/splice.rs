@@ -42,6 +42,8 @@ pub(super) struct Splicer {
     fd: AsyncFd<OwnedFd>,
     /// The most pipes a payload is spread over.
     pipes: usize,
+    /// The largest pipe made.
+    pipe_size: usize,
 }
 
 impl Splicer {
@@ -55,6 +57,7 @@ impl Splicer {
             .map(|fd| Self {
                 fd,
                 pipes: braid_pool::PIPES,
+                pipe_size: braid_pool::PIPE_MAX,
             })
     }
 
@@ -73,7 +76,7 @@ impl Splicer {
         rd: &mut BufReader<R>,
         n: usize,
     ) -> Result<Payload, String> {
-        let Ok(mut fill) = PipeFill::new(n, self.pipes) else {
+        let Ok(mut fill) = PipeFill::sized(n, self.pipes, self.pipe_size) else {
             return Ok(Payload::Copied(read_bytes(rd, n).await?));
         };
         let have = rd.buffer().len().min(n);
@@ -82,30 +85,27 @@ impl Splicer {
         if !pushed {
             return spill(rd, fill, n).await;
         }
+        // Splice again at once while the socket may hold more, and wait
+        // for it only once a splice found it empty: a pipe that filled
+        // (EAGAIN too) with the rest already in the socket would otherwise
+        // wait for readiness that bytes already there never bring back.
+        let mut again = true;
         while fill.missing() > 0 {
-            let mut guard = self
-                .fd
-                .readable()
-                .await
-                .map_err(|e| format!("read failed: {e}"))?;
-            let result = guard.try_io(|fd| {
-                // SAFETY: both descriptors are open; no offsets are passed.
-                let n = unsafe {
-                    libc::splice(
-                        fd.as_raw_fd(),
-                        std::ptr::null_mut(),
-                        fill.write_fd(),
-                        std::ptr::null_mut(),
-                        fill.missing(),
-                        libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
+            let result = if std::mem::take(&mut again) {
+                match splice_in(self.fd.get_ref(), &fill) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(()),
+                    r => Ok(r),
                 }
-            });
+            } else {
+                let mut guard = self
+                    .fd
+                    .readable()
+                    .await
+                    .map_err(|e| format!("read failed: {e}"))?;
+                guard
+                    .try_io(|fd| splice_in(fd.get_ref(), &fill))
+                    .map_err(|_| ())
+            };
             match result {
                 Ok(Ok(0)) => {
                     return Err(format!(
@@ -114,7 +114,10 @@ impl Splicer {
                         n - fill.missing()
                     ))
                 }
-                Ok(Ok(k)) => fill.filled(k),
+                Ok(Ok(k)) => {
+                    fill.filled(k);
+                    again = true;
+                }
                 Ok(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
                     return spill(rd, fill, n).await
                 }
@@ -123,7 +126,7 @@ impl Splicer {
                 // (no slot left): bytes waiting on the socket say which.
                 // The pipe's must be acted on at once: the socket will not
                 // turn readable again while the rest already sits in it.
-                Err(_would_block) if queued(self.fd.get_ref()) => {
+                Err(()) if queued(self.fd.get_ref()) => {
                     if !fill.grow() {
                         tracing::debug!(
                             len = n,
@@ -132,13 +135,35 @@ impl Splicer {
                         );
                         return spill(rd, fill, n).await;
                     }
+                    again = true;
                 }
-                Err(_would_block) => {}
+                Err(()) => {}
             }
         }
         fill.finish()
             .map(Payload::Piped)
             .ok_or_else(|| "a reply's pipe came out short".to_string())
+    }
+}
+
+/// One splice from the socket into the pipe being filled, of at most what
+/// the payload still misses.
+fn splice_in(socket: &OwnedFd, fill: &PipeFill) -> io::Result<usize> {
+    // SAFETY: both descriptors are open; no offsets are passed.
+    let n = unsafe {
+        libc::splice(
+            socket.as_raw_fd(),
+            std::ptr::null_mut(),
+            fill.write_fd(),
+            std::ptr::null_mut(),
+            fill.missing(),
+            libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
@@ -230,6 +255,48 @@ mod tests {
         assert!(!piped, "full pipes still took the whole payload");
         assert!(got == data, "bytes copied after the pipes filled differ");
         drop(send.await);
+    }
+
+    /// A pipe that fills while the rest of the payload already waits in
+    /// the socket: the splice goes on into the next pipe at once. The
+    /// socket will not turn readable again (nothing more is coming), so a
+    /// reader that waited for it would wait for ever; through attach it
+    /// waited for the next bytes the path happened to bring, a probe's
+    /// reply a quarter of a second later.
+    #[tokio::test]
+    async fn a_full_pipe_with_the_rest_already_in_the_socket_goes_on_at_once() {
+        let (ours, mut theirs, mut splicer) = pair().await;
+        // Pipes of one slot: each fills with one piece the socket gives,
+        // so a payload of 96 KiB takes several.
+        splicer.pipe_size = 4096;
+        splicer.pipes = 96;
+        let data = pattern(96 << 10);
+        theirs.write_all(&data).await.unwrap();
+        for _ in 0..1000 {
+            if fionread(&ours) >= data.len() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert_eq!(fionread(&ours), data.len(), "the payload is not all queued");
+        let mut rd = BufReader::with_capacity(4096, ours);
+        // Bounded so that the old behaviour fails instead of hanging.
+        let read = splicer.read(&mut rd, data.len());
+        let got = tokio::time::timeout(std::time::Duration::from_secs(20), read)
+            .await
+            .expect("the splice waited for the socket with the rest already in it")
+            .unwrap();
+        let (piped, got) = bytes_of(got);
+        assert!(piped, "the payload was copied, not spliced");
+        assert!(got == data, "spliced bytes differ");
+    }
+
+    fn fionread(s: &TcpStream) -> usize {
+        use std::os::fd::AsRawFd;
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int.
+        unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+        n as usize
     }
 
     #[tokio::test]
