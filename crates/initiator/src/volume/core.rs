@@ -12,12 +12,14 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
+use self::reads::{assemble, forget, place, place_piped};
 use super::link::Link;
-use super::reads::{self, assemble, forget, place, place_piped};
 use crate::discover::PathSpec;
 use crate::engine::{Access, Action, Engine, FenceId, IoError, Op, PathId, ReqId};
 use crate::sink::{Signal, Sink};
 use braid_proto::braid_ns::ConnId;
+
+mod reads;
 
 /// What a completed request hands back.
 #[derive(Debug, Default)]

@@ -2,10 +2,10 @@
 //! order comes back as the caller's bytes; data outside its chunk, gaps
 //! and overlaps fail the read.
 
+use super::reads::place_in_request;
 use super::*;
 use crate::engine::ChunkInfo;
 use crate::engine::{EngineConfig, PathConfig, Submit};
-use crate::volume::reads::place_in_request;
 use braid_block::Flags;
 use braid_policy::{by_name, PolicyOptions, SplitRules, NAMES};
 use proptest::prelude::*;

@@ -25,7 +25,6 @@ mod link;
 mod nbd;
 mod open;
 mod plan;
-mod reads;
 mod recover;
 mod report;
 #[cfg(test)]

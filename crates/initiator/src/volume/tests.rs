@@ -49,7 +49,7 @@ fn the_volumes_middle_names_no_protocol() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/volume");
     let middle = [
         "core.rs",
-        "reads.rs",
+        "core/reads.rs",
         "recover.rs",
         "open.rs",
         "report.rs",

@@ -11,7 +11,7 @@
 use braid_block::ErrorKind;
 use bytes::Bytes;
 
-use super::core::{Core, Done, Pending};
+use super::{Core, Done, Pending};
 use crate::engine::{ChunkInfo, IoError, Op};
 use braid_proto::Cookie;
 
