@@ -325,6 +325,15 @@ impl Engine {
             if self.paths[i].liveness.answered(now) {
                 return;
             }
+            // The limit can shrink under a silence already long (another
+            // path's writes land here and the link is measured fast), so a
+            // probe may go out with the path already past it: the probe
+            // still gets the half limit every probe gets, or a live path
+            // is failed a tick after it, before its ACK could come.
+            let probe_age = self.paths[i].liveness.probe_age(now);
+            if probe_age.is_some_and(|age| age <= limit / 2) {
+                return;
+            }
             let reason = format!(
                 "no reply in {:.1} s, and its connection does not answer ({})",
                 quiet.as_secs_f64(),

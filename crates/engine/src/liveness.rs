@@ -85,6 +85,11 @@ impl Liveness {
         self.probe_sent.is_some()
     }
 
+    /// How long the liveness probe has been out.
+    pub fn probe_age(&self, now: Duration) -> Option<Duration> {
+        self.probe_sent.map(|t| now.saturating_sub(t))
+    }
+
     pub fn probe_sent(&mut self, now: Duration) {
         self.probe_sent = Some(now);
     }

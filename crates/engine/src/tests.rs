@@ -478,6 +478,64 @@ fn a_late_reply_on_a_connection_the_peer_no_longer_answers_fails_the_path() {
     )));
 }
 
+/// A busy path's reply limit can shrink at once: writes re-sent from a
+/// failed path land on it, the kernel measures its link fast, and the
+/// limit falls below the silence already counted since its last reply (a
+/// disk that takes 2 s a write). The probe that goes out then must be given
+/// the time a probe is always given, not one tick: the peer's ACK of it
+/// comes a round trip later, on a live path. Seen in the lab as a slow,
+/// live path failed 37 ms after taking a blackholed path's writes, and the
+/// copy's EIO.
+#[test]
+fn a_probe_sent_once_the_limit_shrank_is_given_its_time() {
+    let mut h = Harness::new("round-robin", 1, EngineConfig::default());
+    for i in 0..8 {
+        h.submit(Op::Write, i << 20, 1 << 20);
+    }
+    let tick = Duration::from_millis(30);
+    let health = |last_ack_ms: u64| KernelHealth {
+        last_ack: Duration::from_millis(last_ack_ms),
+        ..KernelHealth::default()
+    };
+    // 1.4 s with the path full and its peer taking a few bytes a tick.
+    let mut bytes = 1u64 << 20;
+    while h.now < Duration::from_millis(1400) {
+        bytes += 300;
+        h.e.wire(h.now, PathId(0), bytes, None, health(0));
+        h.advance(tick);
+    }
+    assert!(
+        !h.sent.iter().any(|s| s.req.is_none()),
+        "no probe yet: the limit was long"
+    );
+    // The re-sent writes' 8 MiB go out in one tick; then, for a few ticks,
+    // the kernel shows nothing newer until the probe's ACK comes.
+    bytes += 8 << 20;
+    h.e.wire(h.now, PathId(0), bytes, None, health(0));
+    h.advance(tick);
+    let probed = h.now;
+    for _ in 0..3 {
+        let since = (h.now - probed).as_millis() as u64;
+        h.e.wire(h.now, PathId(0), bytes, None, health(since + 30));
+        h.advance(tick);
+    }
+    h.e.wire(h.now, PathId(0), bytes + 100, None, health(5));
+    h.advance(tick);
+    assert!(
+        h.sent.iter().any(|s| s.req.is_none()),
+        "a liveness probe went out"
+    );
+    assert_eq!(
+        h.e.path_state(PathId(0)),
+        PathState::Active,
+        "a live path failed before its probe could be answered: {:?}",
+        h.log
+            .iter()
+            .filter(|a| matches!(a, Action::Event(Event::PathFailed { .. })))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn a_full_path_is_skipped_and_what_no_path_has_room_for_waits_in_order() {
     for policy in braid_policy::NAMES {

@@ -186,7 +186,7 @@ fn each_fix_undone_is_found_by_a_seeded_run() {
                 ..undo
             },
             Signal::Instance,
-            0,
+            1,
             None,
             "older than",
         ),
