@@ -21,6 +21,8 @@ struct State {
     /// Shared holders waiting (a test looks at it).
     blocked: usize,
     next: u64,
+    /// Wake-ups sent to waiters (a test counts them).
+    wakes: u64,
 }
 
 fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
@@ -92,6 +94,21 @@ impl RangeLock {
         self.freed.wait(s).unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Wakes the waiters, if any: a condvar's notify is a system call
+    /// even with nobody waiting, and every write releases its range (one
+    /// futex call per 4 KiB write, 1M in 5 s under fio at QD32).
+    ///
+    /// Waiters count themselves under the mutex before they wait, so none
+    /// is missed.
+    fn wake(&self, mut s: MutexGuard<'_, State>) {
+        if s.blocked == 0 && s.waiting.is_empty() {
+            return;
+        }
+        s.wakes += 1;
+        drop(s);
+        self.freed.notify_all();
+    }
+
     fn hold(&self, s: &mut State, range: (u64, u64), exclusive: bool) -> RangeGuard<'_> {
         RangeGuard {
             lock: self,
@@ -137,8 +154,7 @@ impl RangeLock {
     pub fn release(&self, id: u64) {
         let mut s = self.state();
         s.held.retain(|h| h.3 != id);
-        drop(s);
-        self.freed.notify_all();
+        self.wake(s);
     }
 
     /// Holds `[offset, offset + len)` alone: waits until no writer holds
@@ -154,10 +170,9 @@ impl RangeLock {
             s.waiting.remove(at);
         }
         let g = self.hold(&mut s, range, true);
-        drop(s);
         // Shared writers that waited only behind this one's wait look
         // again (they still wait if the range is held).
-        self.freed.notify_all();
+        self.wake(s);
         g
     }
 
@@ -179,6 +194,11 @@ impl RangeLock {
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn paused(&self) -> usize {
         self.pause.lock().unwrap_or_else(|p| p.into_inner()).1
+    }
+
+    #[cfg(test)]
+    fn wakes(&self) -> u64 {
+        self.state().wakes
     }
 
     #[cfg(test)]
@@ -250,5 +270,27 @@ mod tests {
         l.release(id);
         rx.recv_timeout(Duration::from_secs(10)).unwrap();
         t.join().unwrap();
+    }
+
+    #[test]
+    fn writers_that_nobody_waits_for_wake_no_one_and_a_waiter_is_still_woken() {
+        let l = Arc::new(RangeLock::default());
+        for i in 0..1000u64 {
+            drop(l.shared(i * 4096, 4096));
+            l.release(l.try_shared(i * 4096, 4096).unwrap());
+        }
+        drop(l.exclusive(0, 512));
+        assert_eq!(l.wakes(), 0, "wake-ups sent with nobody waiting");
+        // A writer behind an exclusive holder is woken by its release.
+        let g = l.exclusive(0, 512);
+        let l2 = l.clone();
+        let w = std::thread::spawn(move || drop(l2.shared(0, 512)));
+        while l.blocked() == 0 {
+            std::thread::yield_now();
+        }
+        drop(g);
+        w.join().unwrap();
+        assert!(l.wakes() > 0);
+        assert_eq!(l.blocked(), 0);
     }
 }
