@@ -200,6 +200,7 @@ mod tests {
             structured: true,
             contexts: vec![],
             zero_copy: false,
+            sendfile: false,
         };
         let r = read(&style, &req(0), pieces());
         assert_eq!(r.parts.len(), 4);
@@ -227,6 +228,7 @@ mod tests {
             structured: true,
             contexts: vec![],
             zero_copy: false,
+            sendfile: false,
         };
         let r = read(&structured, &req(CmdFlags::DF), pieces());
         assert_eq!(r.parts.len(), 2);
@@ -235,6 +237,7 @@ mod tests {
             structured: false,
             contexts: vec![],
             zero_copy: false,
+            sendfile: false,
         };
         let r = read(&simple, &req(0), pieces());
         assert_eq!(&flatten(&r)[16..], b"abcdef");
@@ -246,6 +249,7 @@ mod tests {
             structured: true,
             contexts: vec![],
             zero_copy: false,
+            sendfile: false,
         };
         let r = read(&style, &req(0), vec![(0, Bytes::from_static(b"abc"))]);
         assert!(!r.ok);
@@ -279,6 +283,7 @@ mod tests {
                 structured,
                 contexts: vec![],
                 zero_copy,
+                sendfile: false,
             };
             let want = wire(read(&style(false), &req(flags), pieces()));
             let mixed = || {
@@ -312,6 +317,7 @@ mod tests {
             structured: true,
             contexts: vec![],
             zero_copy: true,
+            sendfile: false,
         };
         let r = read_piped(
             &style,

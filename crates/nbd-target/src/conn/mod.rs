@@ -70,12 +70,32 @@ pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     fn socket_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+
+    /// The peer is a TCP client on this host (see `ReplyStyle::sendfile`).
+    fn same_host(&self) -> bool {
+        false
+    }
 }
 
 impl Stream for tokio::net::TcpStream {
     fn socket_fd(&self) -> Option<std::os::fd::RawFd> {
         Some(std::os::fd::AsRawFd::as_raw_fd(self))
     }
+
+    fn same_host(&self) -> bool {
+        match (self.local_addr(), self.peer_addr()) {
+            (Ok(local), Ok(peer)) => same_host(local.ip(), peer.ip()),
+            _ => false,
+        }
+    }
+}
+
+/// A connection between these addresses stays on this host: the peer is a
+/// loopback address, or the address it reached (the kernel routes a
+/// host's own address over loopback).
+fn same_host(local: std::net::IpAddr, peer: std::net::IpAddr) -> bool {
+    let peer = peer.to_canonical();
+    peer.is_loopback() || peer == local.to_canonical()
 }
 
 impl Stream for tokio::net::UnixStream {
@@ -299,6 +319,7 @@ async fn transmission(
     let sock = stream
         .socket_fd()
         .and_then(|fd| sock::SockWriter::new(fd, ctx.limits.send_timeout).ok());
+    let same_host = stream.same_host();
     let (rd, wr) = tokio::io::split(stream);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let zero_copy = sock.is_some();
@@ -316,6 +337,7 @@ async fn transmission(
                     structured: session.structured,
                     contexts: session.contexts.clone(),
                     zero_copy,
+                    sendfile: zero_copy && !same_host,
                 },
                 negotiated: session.negotiated(),
                 export,
@@ -499,5 +521,24 @@ impl Reader {
                 _global: None,
             },
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_host;
+
+    #[test]
+    fn a_peer_on_loopback_or_at_the_address_it_reached_is_on_this_host() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert!(same_host(ip("127.0.0.2"), ip("127.0.0.1")));
+        assert!(same_host(ip("::1"), ip("::1")));
+        assert!(same_host(ip("::ffff:10.0.1.5"), ip("10.0.1.5")));
+        assert!(same_host(ip("10.0.1.5"), ip("10.0.1.5")));
+        assert!(!same_host(ip("10.0.1.5"), ip("10.0.1.2")));
+        assert!(
+            !same_host(ip("10.77.1.1"), ip("10.77.1.2")),
+            "another namespace"
+        );
     }
 }
