@@ -13,7 +13,7 @@ mod server;
 
 use braid_store::{backend, export, portal};
 pub use conn::ConnError;
-pub use server::{StopHandle, Target};
+pub use server::{Sendfile, StopHandle, Target};
 
 /// What braid's NBD server serves: over TLS when given a certificate,
 /// RBD images from several gateways at once (its connections answer the

@@ -32,9 +32,33 @@ pub struct Target {
     stop_tx: watch::Sender<bool>,
     advertised: Vec<String>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    sendfile: Sendfile,
     /// This process's instance (`x-braid:instance`, and VPD page 0xC0
     /// over iSCSI): random per start.
     instance: braid_proto::braid_ns::InstanceId,
+}
+
+/// When large READs go out from the file with `sendfile` instead of
+/// being copied into the reply (TCP without TLS only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sendfile {
+    /// To peers on other hosts; over loopback the copy is cheaper.
+    #[default]
+    Remote,
+    /// To every peer, this host's too.
+    Always,
+    /// Never: every READ is copied.
+    Never,
+}
+
+impl Sendfile {
+    pub(crate) fn allows(self, same_host: bool) -> bool {
+        match self {
+            Self::Remote => !same_host,
+            Self::Always => true,
+            Self::Never => false,
+        }
+    }
 }
 
 /// Stops a running target from elsewhere (a signal handler, a test).
@@ -77,6 +101,7 @@ impl Target {
             stop_tx,
             advertised,
             tls: None,
+            sendfile: Sendfile::default(),
             instance: braid_proto::braid_ns::InstanceId(uuid::Uuid::new_v4().as_u128()),
         })
     }
@@ -87,6 +112,11 @@ impl Target {
     /// are local and guarded by file permissions.
     pub fn set_tls(&mut self, config: Arc<tokio_rustls::rustls::ServerConfig>) {
         self.tls = Some(tokio_rustls::TlsAcceptor::from(config));
+    }
+
+    /// Which READs go out from the file with `sendfile` ([`Sendfile`]).
+    pub fn set_sendfile(&mut self, sendfile: Sendfile) {
+        self.sendfile = sendfile;
     }
 
     /// Also serves on a unix socket at `path` (replacing a stale socket
@@ -152,6 +182,7 @@ impl Target {
             limits: self.limits.clone(),
             shutdown: self.stop_tx.subscribe(),
             tls: self.tls.clone(),
+            sendfile: self.sendfile,
             budget: Arc::new(tokio::sync::Semaphore::new(
                 self.limits.max_total_bytes.div_ceil(4096),
             )),

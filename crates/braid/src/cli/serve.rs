@@ -201,6 +201,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub send_timeout: Option<f64>,
 
+    /// When NBD READs of 64 KiB or more go from the file to the socket
+    /// with sendfile, not copied: `remote`, to clients on other hosts
+    /// (over loopback the copy costs less: 2.7 GB/s against 2.0 at 1 MiB
+    /// reads on a 2-CPU machine); `always`; `never`. TLS connections are
+    /// always copied
+    #[arg(long, value_enum, value_name = "WHEN", default_value_t = SendfileArg::Remote)]
+    pub sendfile: SendfileArg,
+
     /// Drop an iSCSI connection whose WRITE has waited this many seconds
     /// for the data its R2T asked for [default: 5]
     #[arg(long, value_name = "SECONDS")]
@@ -289,6 +297,24 @@ pub(super) fn iscsi_port_apart(
         i += 1;
     }
     args
+}
+
+/// `--sendfile`: see [`braid_nbd_target::Sendfile`].
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SendfileArg {
+    Remote,
+    Always,
+    Never,
+}
+
+impl From<SendfileArg> for braid_nbd_target::Sendfile {
+    fn from(a: SendfileArg) -> Self {
+        match a {
+            SendfileArg::Remote => Self::Remote,
+            SendfileArg::Always => Self::Always,
+            SendfileArg::Never => Self::Never,
+        }
+    }
 }
 
 #[cfg(test)]

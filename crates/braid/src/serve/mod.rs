@@ -69,6 +69,7 @@ struct ServeConfig {
     tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
     allow: HashMap<String, Vec<Network>>,
     limits: Limits,
+    sendfile: braid_nbd_target::Sendfile,
     ceph: crate::gateway::CephSettings,
 }
 
@@ -394,6 +395,7 @@ impl ServeConfig {
             tls,
             allow,
             limits,
+            sendfile: args.sendfile.into(),
             ceph,
         })
     }
@@ -427,6 +429,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let signals = crate::signals::Signals::install()?;
         let mut target = Target::bind(exports, &portals, cfg.limits.clone())?;
         target.registry().adopt(lineage);
+        target.set_sendfile(cfg.sendfile);
         if let Some((cert, key, ca)) = &cfg.tls {
             target.set_tls(crate::tls::server(cert, key, ca.as_deref())?);
             info!(

@@ -69,9 +69,9 @@ pub(crate) struct ReplyStyle {
     pub contexts: Vec<SelectedContext>,
     /// The writer can `sendfile` and `splice` (a plain socket, not TLS).
     pub zero_copy: bool,
-    /// Large READs go out from the file with `sendfile`: a plain socket
-    /// whose peer is on another host. To a peer on this host the copy is
-    /// cheaper: braid bench reading 1 MiB at QD16 from braid serve over
+    /// Large READs go out from the file with `sendfile`: a plain socket,
+    /// by default only to a peer on another host (`crate::Sendfile`). To a
+    /// peer on this host the copy is cheaper: braid bench reading 1 MiB at QD16 from braid serve over
     /// loopback moved 2.0 GB/s at 0.55 s of serve's CPU a GiB with
     /// `sendfile`, 2.9 GB/s at 0.37 copied; over a veth pair between
     /// namespaces (as over a NIC) 5.1 GB/s at 0.06 with it, 3.3 at 0.33

@@ -116,6 +116,7 @@ pub(crate) struct ConnCtx {
     pub shutdown: watch::Receiver<bool>,
     /// With TLS configured, nothing is served before STARTTLS (FORCEDTLS).
     pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub sendfile: crate::Sendfile,
     /// Payload bytes in flight on the whole server, in 4 KiB units.
     pub budget: Arc<Semaphore>,
     /// This process's instance (`x-braid:instance`): random at each start,
@@ -337,7 +338,7 @@ async fn transmission(
                     structured: session.structured,
                     contexts: session.contexts.clone(),
                     zero_copy,
-                    sendfile: zero_copy && !same_host,
+                    sendfile: zero_copy && ctx.sendfile.allows(same_host),
                 },
                 negotiated: session.negotiated(),
                 export,
