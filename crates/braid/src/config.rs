@@ -50,6 +50,8 @@ pub struct ServeFile {
     pub handshake_timeout: Option<f64>,
     pub idle_timeout: Option<f64>,
     pub send_timeout: Option<f64>,
+    /// `--sendfile`.
+    pub sendfile: Option<crate::cli::SendfileArg>,
     pub iscsi_dataout_timeout: Option<f64>,
     pub iscsi_nopin_interval: Option<f64>,
     pub iscsi_nopin_timeout: Option<f64>,

@@ -395,7 +395,11 @@ impl ServeConfig {
             tls,
             allow,
             limits,
-            sendfile: args.sendfile.into(),
+            sendfile: args
+                .sendfile
+                .or(file.sendfile)
+                .unwrap_or(crate::cli::SendfileArg::Remote)
+                .into(),
             ceph,
         })
     }
