@@ -225,6 +225,20 @@ impl Engine {
         }
     }
 
+    /// Whether a FLUSH now would make durable anything that is not
+    /// already, or has a loss to report: a write, zeroing or trim not yet
+    /// answered, or answered since the last FLUSH that succeeded (kept in
+    /// the replay window, which a replay also gives back from, or let go
+    /// from it), or a loss of acknowledged writes. A front end that is stopping skips its last
+    /// FLUSH when this is `false`, so that it need not wait for a path to
+    /// carry a FLUSH that covers nothing.
+    pub fn unflushed(&self) -> bool {
+        !self.window.is_empty()
+            || self.window.overflowed()
+            || !self.open_writes.is_empty()
+            || self.lost.is_some()
+    }
+
     pub(super) fn release_flushes(&mut self, now: Duration) {
         let oldest_open = self.open_writes.first().copied().unwrap_or(u64::MAX);
         let (ready, held): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_flushes)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use braid_block::Flags;
+use braid_block::{Error, ErrorKind, Flags};
 use braid_proto::braid_ns::ConnId;
 use bytes::Bytes;
 
@@ -362,4 +362,74 @@ fn a_fence_of_a_target_that_restarted_is_not_waited_for() {
     assert!(!h.e.fence_pending(FenceId(1)));
     answer_all(&mut h);
     assert_eq!(h.done[&w], Ok(()));
+}
+
+/// What a front end that is stopping asks before its last FLUSH (`braid
+/// attach` on SIGTERM, perhaps with no path left to carry one): whether a
+/// FLUSH would make anything durable that is not already, or has a loss to
+/// report.
+#[test]
+fn unflushed_is_what_a_flush_would_make_durable_or_report() {
+    let mut h = harness(2);
+    assert!(!h.e.unflushed(), "nothing written yet");
+    write(&mut h, 0, 4096, 1, Flags::empty());
+    assert!(h.e.unflushed(), "a write not yet answered");
+    answer_all(&mut h);
+    assert!(h.e.unflushed(), "a write answered and not flushed");
+    let f = h.submit(Op::Flush, 0, 0);
+    answer_all(&mut h);
+    assert_eq!(h.done[&f], Ok(()));
+    assert!(!h.e.unflushed(), "the FLUSH covered it");
+    write(&mut h, 8192, 4096, 2, Flags::FUA);
+    answer_all(&mut h);
+    assert!(!h.e.unflushed(), "a FUA write is durable when answered");
+    let z = h.submit(Op::WriteZeroes, 0, 65536);
+    answer_all(&mut h);
+    assert_eq!(h.done[&z], Ok(()));
+    assert!(h.e.unflushed(), "zeroing answered and not flushed");
+    let f = h.submit(Op::Flush, 0, 0);
+    answer_all(&mut h);
+    assert_eq!(h.done[&f], Ok(()));
+    assert!(!h.e.unflushed());
+    // A FLUSH that failed leaves what it was to cover.
+    write(&mut h, 0, 4096, 3, Flags::empty());
+    answer_all(&mut h);
+    let f = h.submit(Op::Flush, 0, 0);
+    let sent = std::mem::take(&mut h.sent);
+    for s in sent {
+        h.e.reply(h.now, s.cookie, Err(Error::new(ErrorKind::Io, "EIO")));
+    }
+    h.pump();
+    assert!(h.done[&f].is_err());
+    assert!(h.e.unflushed(), "the failed FLUSH made nothing durable");
+}
+
+/// A window too small for what was written has let go of writes it can no
+/// longer give back: they are unflushed all the same, and once a restart
+/// lost them, only a FLUSH can tell the caller so.
+#[test]
+fn writes_the_window_let_go_and_a_loss_are_unflushed() {
+    let cfg = EngineConfig {
+        replay_window: 0,
+        ..EngineConfig::default()
+    };
+    let mut h = Harness::new("round-robin", 0, cfg);
+    let p = h.e.add_path(PathConfig::default(), Duration::ZERO);
+    up(&mut h, p, 100, Instance::Known(1));
+    write(&mut h, 0, 4096, 1, Flags::empty());
+    answer_all(&mut h);
+    assert_eq!(h.e.replay_report().window_bytes, 0, "the window kept it");
+    assert!(h.e.unflushed(), "a write the window let go");
+    restart(&mut h, 1);
+    answer_all(&mut h);
+    assert!(h.e.replay_report().lost.is_some());
+    let f = h.submit(Op::Flush, 0, 0);
+    answer_all(&mut h);
+    assert!(matches!(h.done[&f], Err(IoError::Lost(_))));
+    assert!(h.e.unflushed(), "a loss still to be reported");
+    assert!(h.e.clear_loss().is_some());
+    let f = h.submit(Op::Flush, 0, 0);
+    answer_all(&mut h);
+    assert_eq!(h.done[&f], Ok(()));
+    assert!(!h.e.unflushed());
 }

@@ -321,6 +321,11 @@ impl Window {
             .collect()
     }
 
+    /// Holds nothing to give back.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Acknowledged requests were let go to stay within the limit and no
     /// FLUSH has covered them yet.
     pub fn overflowed(&self) -> bool {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::conn::{self, ConnCtx, Limits};
 use crate::export::Exports;
@@ -215,6 +215,10 @@ impl Target {
         }
         let mut result = Ok(());
         for e in self.exports.iter() {
+            if !e.storage.unflushed() {
+                debug!(export = %e.name, "nothing written since the last flush: none at exit");
+                continue;
+            }
             let flush = braid_store::exec::Job::new(braid_block::Op::Flush, 0, 0);
             let flushed = braid_store::exec::submit(e, flush, None)
                 .await

@@ -128,6 +128,15 @@ pub trait Storage: Send + Sync + Debug {
         false
     }
 
+    /// Whether a FLUSH now could make durable anything that is not
+    /// already, or has a failure to report: a server that stops skips its
+    /// last FLUSH of storage that says no (a multipath volume whose target
+    /// is gone would hold the stop until its no-path timeout for a FLUSH
+    /// that covers nothing). Storage that cannot tell says yes.
+    fn unflushed(&self) -> bool {
+        true
+    }
+
     /// The backend on this host behind it, if there is one: its
     /// synchronous calls let front ends answer without a task or a copy
     /// (NBD's in-reader reads, `sendfile` replies, librbd's asynchronous

@@ -56,6 +56,10 @@ impl Storage for VolumeForward {
         }
     }
 
+    fn unflushed(&self) -> bool {
+        self.0.unflushed()
+    }
+
     fn submit(&self, _writes: &Arc<RangeLock>, job: Job, payload: Option<Bytes>) -> Submitted {
         let vol = self.0.clone();
         Box::pin(async move { done(vol.submit(request(job, payload)).await) })

@@ -102,14 +102,74 @@ pub fn run(args: AttachArgs) -> Result<()> {
                 }
             }
         }
-        let mut failed = false;
-        for a in volumes.snapshot() {
-            failed |= !a.detach().await;
-        }
+        let failed = detach_all(&volumes, &mut signals).await?;
         info!("detached");
         anyhow::ensure!(!failed, "a volume's final flush failed (see the log)");
         Ok(())
     })
+}
+
+/// How long a stop may take before attach says what it waits for.
+const STOP_NOTICE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Detaches every volume, each after its final FLUSH (`true` if one
+/// failed). A FLUSH with no path waits for one up to the no-path timeout:
+/// after [`STOP_NOTICE`] the log says so, and a second SIGTERM or SIGINT
+/// stops at once, naming the volumes whose writes were not flushed.
+async fn detach_all(volumes: &Volumes, signals: &mut Signals) -> Result<bool> {
+    let snapshot = volumes.snapshot();
+    let detach = async {
+        let mut failed = false;
+        for a in &snapshot {
+            failed |= !a.detach().await;
+        }
+        failed
+    };
+    let mut detach = std::pin::pin!(detach);
+    let mut notice = std::pin::pin!(tokio::time::sleep(STOP_NOTICE));
+    let mut noticed = false;
+    loop {
+        tokio::select! {
+            failed = &mut detach => return Ok(failed),
+            () = &mut notice, if !noticed => {
+                noticed = true;
+                let waiting = unflushed(&snapshot);
+                if !waiting.is_empty() {
+                    warn!(
+                        "waiting to flush {waiting} before detaching (with no path to the \
+                         target, for one to come back, up to --no-path-timeout); SIGTERM again \
+                         (or Ctrl-C) stops now, and writes since the last flush are then not \
+                         known to be durable"
+                    );
+                }
+            }
+            signal = signals.next() => {
+                if let Signal::Stop(which) = signal {
+                    let waiting = unflushed(&snapshot);
+                    if waiting.is_empty() {
+                        info!("{which} again: every volume is flushed; stopping now");
+                        return Ok(false);
+                    }
+                    error!("{which} again: stopping now; {waiting} detached without its final flush");
+                    anyhow::bail!(
+                        "stopped by a second {which}: {waiting} not flushed; what was written since \
+                         the last flush may not be durable"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The volumes still holding writes a FLUSH would make durable, named
+/// (`"a", "b"`); empty when there are none.
+fn unflushed(volumes: &[Arc<Attached>]) -> String {
+    let names: Vec<String> = volumes
+        .iter()
+        .filter(|a| a.volume.unflushed())
+        .map(|a| format!("{:?}", a.name))
+        .collect();
+    names.join(", ")
 }
 
 /// The runtime every attached volume runs on: one thread (`--threads

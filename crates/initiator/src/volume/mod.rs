@@ -404,6 +404,12 @@ impl Volume {
         Ok(done.extents)
     }
 
+    /// Whether a FLUSH now would make durable anything that is not
+    /// already, or has a loss to report (see the engine's `unflushed`).
+    pub fn unflushed(&self) -> bool {
+        self.shared.lock().engine.unflushed()
+    }
+
     /// Every path's figures now.
     pub fn report(&self) -> VolumeReport {
         let core = self.shared.lock();

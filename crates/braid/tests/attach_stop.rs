@@ -1,0 +1,142 @@
+//! `braid attach` stopped after its target went away (the storage host
+//! down, then `systemctl stop`). With nothing written since the last
+//! FLUSH it stops at once: its last FLUSH would cover nothing, and with
+//! no path it would wait out the whole no-path timeout only to fail.
+//! With writes not yet flushed it waits for a path to flush them, says
+//! so, and a second SIGTERM stops it without, saying what that costs.
+//! The writes are 1 MiB, the kernel's shape, from libnbd.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{nbdsh, signal, tool, ChildGuard, Serve};
+
+/// Longer than any stop here should take, well short of the no-path
+/// timeout (60 s) that the old stop waited out.
+const PROMPT: Duration = Duration::from_secs(20);
+
+struct Attached {
+    child: ChildGuard,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Attached {
+    fn start(uri: &str, dir: &Path) -> Self {
+        let socket = dir.join("vol.sock");
+        let log = dir.join("attach.log");
+        let child = ChildGuard::spawn(
+            Command::new(env!("CARGO_BIN_EXE_braid"))
+                .args(["attach", "--no-path-timeout", "60", "--socket"])
+                .arg(&socket)
+                .arg("--control")
+                .arg(dir.join("control.sock"))
+                .arg(uri)
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap()),
+        );
+        let a = Self { child, socket, log };
+        a.wait_log("attached", Duration::from_secs(10));
+        a
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_log(&self, text: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.log().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "attach did not log {text:?} in {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Writes 4 MiB in 1 MiB requests through the socket, then a FLUSH if
+    /// `flush`, and disconnects (NBD_CMD_DISC flushes nothing).
+    fn write(&self, flush: bool) {
+        let flush = if flush { "h.flush()" } else { "pass" };
+        nbdsh(&format!(
+            "h.connect_uri('nbd+unix:///vol?socket={}')\n\
+             for i in range(4):\n    h.pwrite(bytes([0x5a + i]) * 1048576, i * 1048576)\n\
+             {flush}\nh.shutdown()\n",
+            self.socket.display()
+        ));
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}
+
+/// A volume written through attach (and flushed if `flush`), its target
+/// then killed outright (no goodbye on its connections) and attach sent
+/// SIGTERM once it saw its path fail. `None` where nbdsh is missing
+/// outside CI.
+fn stopping(flush: bool) -> Option<(Attached, tempfile::TempDir)> {
+    if !tool("nbdsh") {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(&["vol=mem:64MiB"]);
+    let attach = Attached::start(&serve.uri("vol"), dir.path());
+    attach.write(flush);
+    signal(serve.pid(), libc::SIGKILL);
+    attach.wait_log("failed:", Duration::from_secs(10));
+    signal(attach.pid(), libc::SIGTERM);
+    Some((attach, dir))
+}
+
+#[test]
+fn attach_with_everything_flushed_stops_at_once_when_its_target_is_gone() {
+    let Some((mut attach, _dir)) = stopping(true) else {
+        return;
+    };
+    let status = attach.child.wait(PROMPT).unwrap_or_else(|| {
+        panic!(
+            "attach still running {PROMPT:?} after SIGTERM:\n{}",
+            attach.log()
+        )
+    });
+    let log = attach.log();
+    assert!(status.success(), "attach exited {status}:\n{log}");
+    assert!(!log.contains("flush failed"), "{log}");
+}
+
+#[test]
+fn attach_with_unflushed_writes_waits_for_a_path_and_a_second_sigterm_stops_it() {
+    let Some((mut attach, _dir)) = stopping(false) else {
+        return;
+    };
+    // It says what it waits for and how to stop it.
+    attach.wait_log("SIGTERM again", Duration::from_secs(10));
+    assert!(
+        attach.child.0.try_wait().unwrap().is_none(),
+        "attach stopped without flushing or saying so:\n{}",
+        attach.log()
+    );
+    signal(attach.pid(), libc::SIGTERM);
+    let status = attach.child.wait(PROMPT).unwrap_or_else(|| {
+        panic!(
+            "attach still running {PROMPT:?} after a second SIGTERM:\n{}",
+            attach.log()
+        )
+    });
+    let log = attach.log();
+    assert!(
+        !status.success(),
+        "a stop that dropped a flush exited 0:\n{log}"
+    );
+    assert!(
+        log.contains("without its final flush") && log.contains("\"vol\""),
+        "the log does not name what was not flushed:\n{log}"
+    );
+}
