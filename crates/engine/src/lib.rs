@@ -57,12 +57,13 @@ pub mod window;
 #[cfg(test)]
 mod window_tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use braid_block::Flags;
 use braid_policy::{PathView, Policy, Request as PolicyRequest};
 use braid_proto::Cookie;
+use rustc_hash::FxHashMap;
 
 pub use access::Access;
 pub use api::{
@@ -239,8 +240,11 @@ pub struct Engine {
     cfg: EngineConfig,
     policy: Box<dyn Policy>,
     paths: Vec<Path>,
-    chunks: HashMap<u64, Chunk>,
-    reqs: HashMap<u64, UserReq>,
+    /// Keyed by counters, looked up several times per request: a
+    /// multiply for a hash, not SipHash (whose defence against chosen
+    /// keys these have no use for).
+    chunks: FxHashMap<u64, Chunk>,
+    reqs: FxHashMap<u64, UserReq>,
     next_cookie: u64,
     next_req: u64,
     next_write_seq: u64,
@@ -295,8 +299,8 @@ impl Engine {
         Self {
             policy,
             paths: Vec::new(),
-            chunks: HashMap::new(),
-            reqs: HashMap::new(),
+            chunks: FxHashMap::default(),
+            reqs: FxHashMap::default(),
             next_cookie: 1,
             next_req: 1,
             next_write_seq: 1,
