@@ -1,7 +1,7 @@
 //! `braid attach`: the multipath volume as a local NBD export. A file
 //! system made on it through nbdfuse and a loop device survives detach and
-//! re-attach; qemu-img and fio work through its socket (fio with attach on
-//! one thread, `--threads 1`); policy switches and path maintenance under
+//! re-attach; qemu-img and fio work through its socket (qemu-img with
+//! attach on two threads, fio on one); policy switches and path maintenance under
 //! load cost no error; `braid status --json` and the metrics add up to the
 //! traffic actually sent; READ data spliced from a path's socket comes
 //! through whole when that path is cut in the middle of a reply.
@@ -289,7 +289,9 @@ fn filesystem_on_a_multipath_volume_survives_detach_and_reattach() {
 #[needs("qemu-img", "fio")]
 fn qemu_img_and_fio_work_through_the_attach_socket() {
     let serve = serve_loopback("vol=mem:128MiB");
-    let mut attach = Attach::start(None, &serve.uri, "vol", &[]);
+    // qemu-img through an attach on two threads and fio through one on
+    // one, so both runtimes are run whatever the host's default.
+    let mut attach = Attach::start(None, &serve.uri, "vol", &["--threads", "2"]);
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.raw");
     let mut data = vec![0u8; 32 << 20];
