@@ -213,6 +213,19 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    /// A writer of `[offset, offset + len)` started while `held` is held,
+    /// seen blocked, and let through by dropping `held`; returns once it
+    /// is done.
+    fn writer_waits_behind(l: &Arc<RangeLock>, held: impl Sized, offset: u64, len: u64) {
+        let l2 = l.clone();
+        let w = std::thread::spawn(move || drop(l2.shared(offset, len)));
+        while l.blocked() == 0 {
+            std::thread::yield_now();
+        }
+        drop(held);
+        w.join().unwrap();
+    }
+
     #[test]
     fn writers_share_and_an_exclusive_holder_waits_for_them_and_they_for_it() {
         let l = Arc::new(RangeLock::default());
@@ -225,13 +238,7 @@ mod tests {
             let g = l2.exclusive(0, 512);
             tx.send(()).unwrap();
             // A writer of the same range waits until this one is done.
-            let l3 = l2.clone();
-            let w = std::thread::spawn(move || drop(l3.shared(100, 10)));
-            while l2.blocked() == 0 {
-                std::thread::yield_now();
-            }
-            drop(g);
-            w.join().unwrap();
+            writer_waits_behind(&l2, g, 100, 10);
         });
         while l.exclusive_waiting() == 0 {
             std::thread::yield_now();
@@ -283,13 +290,7 @@ mod tests {
         assert_eq!(l.wakes(), 0, "wake-ups sent with nobody waiting");
         // A writer behind an exclusive holder is woken by its release.
         let g = l.exclusive(0, 512);
-        let l2 = l.clone();
-        let w = std::thread::spawn(move || drop(l2.shared(0, 512)));
-        while l.blocked() == 0 {
-            std::thread::yield_now();
-        }
-        drop(g);
-        w.join().unwrap();
+        writer_waits_behind(&l, g, 0, 512);
         assert!(l.wakes() > 0);
         assert_eq!(l.blocked(), 0);
     }

@@ -395,11 +395,12 @@ impl ServeConfig {
             tls,
             allow,
             limits,
+            // Neither given: the target's own default (`remote`).
             sendfile: args
                 .sendfile
                 .or(file.sendfile)
-                .unwrap_or(crate::cli::SendfileArg::Remote)
-                .into(),
+                .map(Into::into)
+                .unwrap_or_default(),
             ceph,
         })
     }
