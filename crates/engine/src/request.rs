@@ -229,9 +229,9 @@ impl Engine {
     /// already, or has a loss to report: a write, zeroing or trim not yet
     /// answered, or answered since the last FLUSH that succeeded (kept in
     /// the replay window, which a replay also gives back from, or let go
-    /// from it), or a loss of acknowledged writes. A front end that is stopping skips its last
-    /// FLUSH when this is `false`, so that it need not wait for a path to
-    /// carry a FLUSH that covers nothing.
+    /// from it), or a loss of acknowledged writes. A front end that is
+    /// stopping skips its last FLUSH when this is `false`, so that it
+    /// need not wait for a path to carry a FLUSH that covers nothing.
     pub fn unflushed(&self) -> bool {
         !self.window.is_empty()
             || self.window.overflowed()
