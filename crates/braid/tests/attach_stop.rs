@@ -10,9 +10,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{nbdsh, signal, tool, ChildGuard, Serve};
+use common::{nbdsh, signal, tool, wait_until, ChildGuard, Serve};
 
 /// Longer than any stop here should take, well short of the no-path
 /// timeout (60 s) that the old stop waited out.
@@ -49,15 +49,11 @@ impl Attached {
     }
 
     fn wait_log(&self, text: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while !self.log().contains(text) {
-            assert!(
-                Instant::now() < deadline,
-                "attach did not log {text:?} in {limit:?}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(
+            wait_until(limit, || self.log().contains(text)),
+            "attach did not log {text:?} in {limit:?}:\n{}",
+            self.log()
+        );
     }
 
     /// Writes 4 MiB in 1 MiB requests through the socket, then a FLUSH if
