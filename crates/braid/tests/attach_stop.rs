@@ -4,7 +4,8 @@
 //! no path it would wait out the whole no-path timeout only to fail.
 //! With writes not yet flushed it waits for a path to flush them, says
 //! so, and a second SIGTERM stops it without, saying what that costs.
-//! The writes are 1 MiB, the kernel's shape, from libnbd.
+//! The writes are 1 MiB, the kernel's shape, from libnbd over two
+//! connections at once, to a volume of two paths.
 
 mod common;
 
@@ -56,14 +57,17 @@ impl Attached {
         );
     }
 
-    /// Writes 4 MiB in 1 MiB requests through the socket, then a FLUSH if
-    /// `flush`, and disconnects (NBD_CMD_DISC flushes nothing).
+    /// Writes 4 MiB in 1 MiB requests through the socket over two
+    /// connections at once (the kernel's multi-conn), then a FLUSH on the
+    /// first only if `flush` (it covers the other's writes too), and
+    /// disconnects both (NBD_CMD_DISC flushes nothing).
     fn write(&self, flush: bool) {
         let flush = if flush { "h.flush()" } else { "pass" };
         nbdsh(&format!(
-            "h.connect_uri('nbd+unix:///vol?socket={}')\n\
-             for i in range(4):\n    h.pwrite(bytes([0x5a + i]) * 1048576, i * 1048576)\n\
-             {flush}\nh.shutdown()\n",
+            "uri = 'nbd+unix:///vol?socket={}'\n\
+             h.connect_uri(uri)\nh2 = nbd.NBD()\nh2.connect_uri(uri)\n\
+             for i in range(4):\n    (h, h2)[i % 2].pwrite(bytes([0x5a + i]) * 1048576, i * 1048576)\n\
+             {flush}\nh.shutdown()\nh2.shutdown()\n",
             self.socket.display()
         ));
     }
@@ -75,14 +79,21 @@ impl Attached {
 
 /// A volume written through attach (and flushed if `flush`), its target
 /// then killed outright (no goodbye on its connections) and attach sent
-/// SIGTERM once it saw its path fail. `None` where nbdsh is missing
+/// SIGTERM once it saw a path fail. `None` where nbdsh is missing
 /// outside CI.
 fn stopping(flush: bool) -> Option<(Attached, tempfile::TempDir)> {
     if !tool("nbdsh") {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let serve = Serve::start(&["vol=mem:64MiB"]);
+    // Two portals: attach's 1 MiB writes go over two paths.
+    let serve = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.2:0",
+        "vol=mem:64MiB",
+    ]);
     let attach = Attached::start(&serve.uri("vol"), dir.path());
     attach.write(flush);
     signal(serve.pid(), libc::SIGKILL);

@@ -433,3 +433,35 @@ fn writes_the_window_let_go_and_a_loss_are_unflushed() {
     assert_eq!(h.done[&f], Ok(()));
     assert!(!h.e.unflushed());
 }
+
+/// A 1 MiB write cut over two paths is unflushed from its first piece
+/// out until a FLUSH covers all of it: a piece answered on one path while
+/// the other's are out is not the write done.
+#[test]
+fn a_write_split_over_paths_is_unflushed_until_a_flush_covers_every_piece() {
+    let mut h = harness(2);
+    write(&mut h, 0, 1 << 20, 7, Flags::empty());
+    let paths: std::collections::BTreeSet<_> = h.sent.iter().map(|s| s.path).collect();
+    assert_eq!(paths.len(), 2, "the write went over both paths");
+    assert!(h.sent.len() > 2, "cut into pieces");
+    // One path answers its pieces; the other's stay out.
+    let first = h.sent[0].path;
+    let (answer, out): (Vec<_>, Vec<_>) = std::mem::take(&mut h.sent)
+        .into_iter()
+        .partition(|s| s.path == first);
+    for s in answer {
+        h.e.reply(h.now, s.cookie, Ok(()));
+    }
+    h.pump();
+    assert!(h.e.unflushed(), "pieces still out on the other path");
+    for s in out {
+        h.e.reply(h.now, s.cookie, Ok(()));
+    }
+    h.pump();
+    answer_all(&mut h);
+    assert!(h.e.unflushed(), "answered, not flushed");
+    let f = h.submit(Op::Flush, 0, 0);
+    answer_all(&mut h);
+    assert_eq!(h.done[&f], Ok(()));
+    assert!(!h.e.unflushed());
+}
