@@ -4,12 +4,11 @@
 //! depends on the others.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use braid_initiator::Volume;
-use braid_nbd_target::StopHandle;
-use tokio::sync::broadcast;
-use tokio::task::JoinHandle;
+use braid_nbd_target::{StopHandle, Target};
+use tokio::sync::{broadcast, watch, OnceCell};
 
 /// An attached volume: its multipath volume and the local NBD target that
 /// serves it on its own socket.
@@ -21,35 +20,75 @@ pub struct Attached {
     /// What it was attached with, to tell on a reload whether it changed.
     pub fingerprint: String,
     /// Stops its local target.
-    pub stop: StopHandle,
-    /// The local target's task: ends once its clients' requests are done
-    /// and the volume is flushed.
-    pub served: Mutex<Option<JoinHandle<anyhow::Result<()>>>>,
+    stop: StopHandle,
+    /// Whether its local target ended with the volume flushed; `None`
+    /// while it runs. A watch rather than the task's handle, so that a
+    /// detach cut short (a stop during a reload's) can be begun again and
+    /// still learn how the target ended.
+    done: watch::Receiver<Option<bool>>,
+    /// Set once its paths are closed and its socket removed.
+    closed: OnceCell<()>,
 }
 
 impl Attached {
+    /// Runs `target` (the local NBD target of `volume`, bound) on its own
+    /// task until [`Self::detach`] stops it.
+    pub fn start(
+        name: String,
+        uri: String,
+        socket: PathBuf,
+        volume: Arc<Volume>,
+        fingerprint: String,
+        target: Target,
+        stop: StopHandle,
+    ) -> Self {
+        let (done_tx, done) = watch::channel(None);
+        let volume_name = name.clone();
+        tokio::spawn(async move {
+            let flushed = match target.run().await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::error!(
+                        volume = %volume_name,
+                        "volume {volume_name:?}: flushing as it is detached: {e:#}"
+                    );
+                    false
+                }
+            };
+            done_tx.send_replace(Some(flushed));
+        });
+        Self {
+            name,
+            uri,
+            socket,
+            volume,
+            fingerprint,
+            stop,
+            done,
+            closed: OnceCell::new(),
+        }
+    }
+
     /// Stops serving the volume, waits for its clients' requests and the
     /// final flush, then closes its paths. Returns whether the flush
-    /// worked (a failure is logged).
+    /// worked (a failure is logged). Safe to cut short and call again: the
+    /// second call waits for the same target and closes the paths once.
     pub async fn detach(&self) -> bool {
         self.stop.stop();
-        let task = self.served.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let flushed = match task {
-            None => true,
-            Some(task) => match task.await {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    tracing::error!(volume = %self.name, "{e:#}");
-                    false
-                }
-                Err(e) => {
-                    tracing::error!(volume = %self.name, "detaching: {e}");
-                    false
-                }
-            },
+        let mut done = self.done.clone();
+        let flushed = match done.wait_for(Option::is_some).await {
+            Ok(flushed) => flushed.unwrap_or(false),
+            Err(_) => {
+                tracing::error!(volume = %self.name, "detaching: its local target ended without a word");
+                false
+            }
         };
-        self.volume.close().await;
-        let _ = std::fs::remove_file(&self.socket);
+        self.closed
+            .get_or_init(|| async {
+                self.volume.close().await;
+                let _ = std::fs::remove_file(&self.socket);
+            })
+            .await;
         flushed
     }
 }

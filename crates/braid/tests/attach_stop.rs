@@ -4,6 +4,8 @@
 //! no path it would wait out the whole no-path timeout only to fail.
 //! With writes not yet flushed it waits for a path to flush them, says
 //! so, and a second SIGTERM stops it without, saying what that costs.
+//! A reload that drops such a volume waits the same way, and a SIGTERM
+//! meanwhile is heard at once.
 //! The writes are 1 MiB, the kernel's shape, from libnbd over two
 //! connections at once, to a volume of two paths.
 
@@ -123,6 +125,76 @@ fn attach_with_unflushed_writes_waits_for_a_path_and_a_second_sigterm_stops_it()
     let Some((mut attach, _dir)) = stopping(false) else {
         return;
     };
+    waits_and_a_second_sigterm_stops_it(&mut attach);
+}
+
+/// A configuration of `volumes` (name, URI), each on its own socket in
+/// `dir`, with the no-path timeout the stop tests use.
+fn write_config(path: &Path, dir: &Path, volumes: &[(&str, String)]) {
+    let mut text = String::new();
+    for (name, uri) in volumes {
+        text.push_str(&format!(
+            "[[volume]]\nname = {name:?}\nuri = {uri:?}\nsocket = {:?}\nno_path_timeout = 60\n\n",
+            dir.join(format!("{name}.sock")).display().to_string()
+        ));
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// A reload (SIGHUP) that drops a volume whose target is gone, with
+/// writes not yet flushed, waits for a path to flush them like a stop
+/// does; a SIGTERM meanwhile is heard at once (the reload used to hold
+/// every signal until the no-path timeout ran out), and a second one
+/// stops attach, naming what it left unflushed.
+#[test]
+fn a_sigterm_while_a_reload_waits_to_flush_a_dropped_volume_is_heard_at_once() {
+    if !tool("nbdsh") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let gone = Serve::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "127.0.0.2:0",
+        "vol=mem:64MiB",
+    ]);
+    let stays = Serve::start(&["other=mem:8MiB"]);
+    let config = dir.path().join("attach.toml");
+    let both = [("vol", gone.uri("vol")), ("other", stays.uri("other"))];
+    write_config(&config, dir.path(), &both);
+    let log = dir.path().join("attach.log");
+    let child = ChildGuard::spawn(
+        Command::new(env!("CARGO_BIN_EXE_braid"))
+            .arg("attach")
+            .arg("--config")
+            .arg(&config)
+            .arg("--control")
+            .arg(dir.path().join("control.sock"))
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    let mut attach = Attached {
+        child,
+        socket: dir.path().join("vol.sock"),
+        log,
+    };
+    attach.wait_log("attached volume=other", Duration::from_secs(10));
+    attach.write(false);
+    signal(gone.pid(), libc::SIGKILL);
+    attach.wait_log("failed:", Duration::from_secs(10));
+
+    write_config(&config, dir.path(), &both[1..]);
+    signal(attach.pid(), libc::SIGHUP);
+    attach.wait_log("no longer configured", Duration::from_secs(10));
+    signal(attach.pid(), libc::SIGTERM);
+    waits_and_a_second_sigterm_stops_it(&mut attach);
+}
+
+/// A stopping attach with "vol" unflushed says what it waits for and how
+/// to stop it, and a second SIGTERM stops it: non-zero, naming "vol".
+fn waits_and_a_second_sigterm_stops_it(attach: &mut Attached) {
     // It says what it waits for and how to stop it.
     attach.wait_log("SIGTERM again", Duration::from_secs(10));
     assert!(

@@ -97,8 +97,17 @@ pub fn run(args: AttachArgs) -> Result<()> {
                 }
                 Signal::Reload => {
                     crate::notify::reloading();
-                    let summary = reload(&args, &volumes).await;
-                    crate::notify::ready(&summary);
+                    match reload_heeding_stop(&args, &volumes, &mut signals).await {
+                        Ok(summary) => crate::notify::ready(&summary),
+                        Err(which) => {
+                            crate::notify::stopping();
+                            info!(
+                                "{which} during a reload: detaching every volume, the ones \
+                                 the reload was detaching with them"
+                            );
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -107,6 +116,31 @@ pub fn run(args: AttachArgs) -> Result<()> {
         anyhow::ensure!(!failed, "a volume's final flush failed (see the log)");
         Ok(())
     })
+}
+
+/// A reload, run while signals are still heard: it may wait long (a
+/// dropped volume with writes to flush and no path waits for one up to
+/// the no-path timeout). A stop ends it where it is, with the stop's
+/// signal (`Err`): a volume it was detaching is still in `volumes`, so the
+/// stop detaches it with the rest, with the stop's notice and second-signal
+/// escape. Another SIGHUP meanwhile is not queued; the log says so.
+async fn reload_heeding_stop(
+    args: &AttachArgs,
+    volumes: &Volumes,
+    signals: &mut Signals,
+) -> Result<String, &'static str> {
+    let mut reloading = std::pin::pin!(reload(args, volumes));
+    loop {
+        tokio::select! {
+            summary = &mut reloading => return Ok(summary),
+            signal = signals.next() => match signal {
+                Signal::Stop(which) => return Err(which),
+                Signal::Reload => warn!(
+                    "SIGHUP during a reload: ignored; send it again once this one is done"
+                ),
+            },
+        }
+    }
 }
 
 /// How long a stop may take before attach says what it waits for.
@@ -223,23 +257,16 @@ async fn attach(spec: &Spec) -> Result<Arc<Attached>> {
             return Err(e);
         }
     };
-    let name = spec.name.clone();
-    let task = tokio::spawn(async move {
-        target
-            .run()
-            .await
-            .with_context(|| format!("volume {name:?}: flushing as it is detached"))
-    });
     info!(volume = %spec.name, socket = %spec.socket.display(), "attached");
-    Ok(Arc::new(Attached {
-        name: spec.name.clone(),
-        uri: spec.uri.clone(),
-        socket: spec.socket.clone(),
-        volume: vol,
-        fingerprint: spec.fingerprint(),
+    Ok(Arc::new(Attached::start(
+        spec.name.clone(),
+        spec.uri.clone(),
+        spec.socket.clone(),
+        vol,
+        spec.fingerprint(),
+        target,
         stop,
-        served: Mutex::new(Some(task)),
-    }))
+    )))
 }
 
 /// The local target of one volume, bound and not yet running.
@@ -316,14 +343,15 @@ async fn reload(args: &AttachArgs, volumes: &Volumes) -> String {
             Some(s) if s.fingerprint() == a.fingerprint => {}
             Some(_) => {
                 info!(volume = %a.name, "reload: its settings changed; attaching it again");
-                volumes.remove(&a.name);
+                // Listed until detached: a stop meanwhile detaches it too.
                 a.detach().await;
+                volumes.remove(&a.name);
                 changed.push(a.name.clone());
             }
             None => {
                 info!(volume = %a.name, "reload: no longer configured; detaching it");
-                volumes.remove(&a.name);
                 a.detach().await;
+                volumes.remove(&a.name);
                 removed += 1;
             }
         }
