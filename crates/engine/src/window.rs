@@ -19,12 +19,15 @@
 
 use std::collections::BTreeMap;
 
+mod order;
+
 use braid_block::Flags;
 use bytes::Bytes;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::api::Payload;
+use order::AckOrder;
 
 /// What an entry costs besides its data: the maps' nodes and the entry.
 pub(crate) const ENTRY_COST: u64 = 128;
@@ -68,6 +71,9 @@ impl Extent {
 
 #[derive(Debug)]
 struct Stored {
+    /// The acknowledgement it came with (or of the entry it is a part of).
+    seq: u64,
+    offset: u64,
     extent: Extent,
     /// The buffer a data extent is a slice of.
     origin: Option<u64>,
@@ -82,20 +88,22 @@ struct Origin {
     /// allocation per write, and under 4 KiB random writes that never
     /// flush, the window's upkeep was a fifth of `braid attach`'s CPU).
     live: u64,
-    slices: SmallVec<[(u64, u64); 1]>,
+    /// Their ids in [`Window::entries`].
+    slices: SmallVec<[usize; 1]>,
 }
 
 /// Acknowledged, not yet durable requests, by acknowledgement order.
 #[derive(Debug)]
 pub struct Window {
-    /// (seq, offset) → extent; seq grows with each acknowledgement, and the
-    /// pieces a later request leaves of an entry keep its seq. Entries
-    /// never overlap.
-    entries: BTreeMap<(u64, u64), Stored>,
-    /// offset → seq of every entry: the same entries by where they lie, so
-    /// that a request finds what it overlaps without looking at the whole
-    /// window (which holds thousands of small writes between FLUSHes).
-    by_offset: BTreeMap<u64, u64>,
+    /// Every entry, oldest first: seq grows with each acknowledgement, and
+    /// the pieces a later request leaves of an entry keep its seq (and
+    /// its place). Entries never overlap.
+    entries: AckOrder<Stored>,
+    /// offset → id in `entries` of every entry: the same entries by where
+    /// they lie, so that a request finds what it overlaps without looking
+    /// at the whole window (which holds thousands of small writes between
+    /// FLUSHes).
+    by_offset: BTreeMap<u64, usize>,
     origins: FxHashMap<u64, Origin>,
     next_origin: u64,
     next_seq: u64,
@@ -113,7 +121,7 @@ pub struct Window {
 impl Window {
     pub fn new(limit: u64) -> Self {
         Self {
-            entries: BTreeMap::new(),
+            entries: AckOrder::new(),
             by_offset: BTreeMap::new(),
             origins: FxHashMap::default(),
             next_origin: 0,
@@ -162,7 +170,13 @@ impl Window {
     fn record(&mut self, offset: u64, extent: Extent, origin: Option<u64>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.put(seq, offset, Stored { extent, origin });
+        let stored = Stored {
+            seq,
+            offset,
+            extent,
+            origin,
+        };
+        self.put(None, stored);
         self.shed();
     }
 
@@ -170,46 +184,54 @@ impl Window {
     /// limit.
     fn shed(&mut self) {
         while self.pinned > self.limit {
-            let Some((&(seq, offset), _)) = self.entries.iter().next() else {
+            let Some(front) = self.entries.front() else {
                 break;
             };
-            self.take(seq, offset);
+            let seq = self.take(front).seq;
             self.dropped_upto = Some(self.dropped_upto.map_or(seq, |d| d.max(seq)));
         }
     }
 
-    fn put(&mut self, seq: u64, offset: u64, stored: Stored) {
+    /// Adds an entry: the newest (`after` is `None` and its seq the
+    /// newest), or a part of one taken out, in its place just after
+    /// `after` (`Some(None)`: at the front). Returns its id.
+    fn put(&mut self, after: Option<Option<usize>>, stored: Stored) -> usize {
         self.pinned += ENTRY_COST;
-        if let Some(id) = stored.origin {
-            let o = self.origins.get_mut(&id).expect("origin of a slice");
-            o.live += stored.extent.len();
-            o.slices.push((seq, offset));
+        let (offset, len, origin) = (stored.offset, stored.extent.len(), stored.origin);
+        let id = match after {
+            None => self.entries.push_back(stored),
+            Some(place) => self.entries.insert_after(place, stored),
+        };
+        if let Some(o) = origin {
+            let o = self.origins.get_mut(&o).expect("origin of a slice");
+            o.live += len;
+            o.slices.push(id);
         }
-        self.by_offset.insert(offset, seq);
-        self.entries.insert((seq, offset), stored);
+        self.by_offset.insert(offset, id);
+        id
     }
 
     /// Removes an entry from the maps; its buffer stays counted until
-    /// [`Self::release`].
-    fn unlink(&mut self, seq: u64, offset: u64) -> Stored {
-        self.by_offset.remove(&offset);
-        let s = self.entries.remove(&(seq, offset)).expect("indexed");
+    /// [`Self::release`]. Returns it and the entry before it.
+    fn unlink(&mut self, id: usize) -> (Stored, Option<usize>) {
+        let (s, before) = self.entries.remove(id);
+        self.by_offset.remove(&s.offset);
         self.pinned -= ENTRY_COST;
-        if let Some(id) = s.origin {
-            let o = self.origins.get_mut(&id).expect("origin of a slice");
+        if let Some(o) = s.origin {
+            let o = self.origins.get_mut(&o).expect("origin of a slice");
             o.live -= s.extent.len();
-            if let Some(i) = o.slices.iter().position(|&k| k == (seq, offset)) {
+            if let Some(i) = o.slices.iter().position(|&k| k == id) {
                 o.slices.swap_remove(i);
             }
         }
-        s
+        (s, before)
     }
 
     /// Removes an entry and releases its buffer if nothing else uses it.
-    fn take(&mut self, seq: u64, offset: u64) -> Stored {
-        let s = self.unlink(seq, offset);
-        if let Some(id) = s.origin {
-            self.release(id);
+    fn take(&mut self, id: usize) -> Stored {
+        let (s, _) = self.unlink(id);
+        if let Some(o) = s.origin {
+            self.release(o);
         }
         s
     }
@@ -225,8 +247,8 @@ impl Window {
         }
         let o = self.origins.remove(&id).expect("present above");
         self.pinned -= o.pinned;
-        for (seq, offset) in o.slices {
-            let s = self.entries.get_mut(&(seq, offset)).expect("a slice");
+        for entry in o.slices {
+            let s = self.entries.get_mut(entry);
             let copy = match &s.extent {
                 Extent::Data(d) => Bytes::copy_from_slice(d),
                 _ => unreachable!("only data extents have a buffer"),
@@ -237,7 +259,7 @@ impl Window {
             self.next_origin += 1;
             s.origin = Some(new);
             let mut slices = SmallVec::new();
-            slices.push((seq, offset));
+            slices.push(entry);
             self.origins.insert(
                 new,
                 Origin {
@@ -259,9 +281,15 @@ impl Window {
     /// The FLUSH with `mark` succeeded: what it covered is durable. What
     /// the window had let go is whole again once a FLUSH covers it.
     pub fn flushed(&mut self, mark: u64) {
-        let covered: Vec<(u64, u64)> = self.entries.range(..(mark, 0)).map(|(k, _)| *k).collect();
-        for (seq, offset) in covered {
-            self.take(seq, offset);
+        while let Some(front) = self.entries.front() {
+            if self.entries.get(front).seq >= mark {
+                break;
+            }
+            self.take(front);
+        }
+        if self.entries.len() == 0 {
+            // Its slots' memory goes too, not kept at the window's peak.
+            self.entries = AckOrder::new();
         }
         if self.dropped_upto.is_some_and(|d| d < mark) {
             self.dropped_upto = None;
@@ -281,17 +309,18 @@ impl Window {
         // Entries never overlap, so by offset they also end in order: going
         // down from `end`, the first that ends at or before `offset` ends
         // the search.
-        let mut hit = Vec::new();
-        for (&o, &seq) in self.by_offset.range(..end).rev() {
-            let e_end = o + self.entries[&(seq, o)].extent.len();
+        let mut hit: SmallVec<[usize; 2]> = SmallVec::new();
+        for (&o, &id) in self.by_offset.range(..end).rev() {
+            let e_end = o + self.entries.get(id).extent.len();
             if e_end <= offset {
                 break;
             }
-            hit.push((seq, o));
+            hit.push(id);
         }
-        let mut touched = Vec::new();
-        for (seq, o) in hit {
-            let s = self.unlink(seq, o);
+        let mut touched: SmallVec<[u64; 2]> = SmallVec::new();
+        for id in hit {
+            let (s, mut place) = self.unlink(id);
+            let o = s.offset;
             let e_end = o + s.extent.len();
             // What lies outside the punched range stays, with its seq.
             let mut parts = Vec::new();
@@ -302,15 +331,14 @@ impl Window {
                 parts.push((end, end - o, e_end - o));
             }
             for (at, from, to) in parts {
-                let extent = s.extent.part(from, to);
-                self.put(
-                    seq,
-                    at,
-                    Stored {
-                        extent,
-                        origin: s.origin,
-                    },
-                );
+                let part = Stored {
+                    seq: s.seq,
+                    offset: at,
+                    extent: s.extent.part(from, to),
+                    origin: s.origin,
+                };
+                // In the entry's place: the order stays by seq.
+                place = Some(self.put(Some(place), part));
             }
             touched.extend(s.origin);
         }
@@ -324,13 +352,13 @@ impl Window {
     pub fn to_replay(&self) -> Vec<(u64, Extent)> {
         self.entries
             .iter()
-            .map(|((_, o), s)| (*o, s.extent.clone()))
+            .map(|s| (s.offset, s.extent.clone()))
             .collect()
     }
 
     /// Holds nothing to give back.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 
     /// Acknowledged requests were let go to stay within the limit and no
@@ -346,7 +374,7 @@ impl Window {
 
     /// Bytes of requests the window would replay.
     pub fn bytes(&self) -> u64 {
-        self.entries.values().map(|s| s.extent.len()).sum()
+        self.entries.iter().map(|s| s.extent.len()).sum()
     }
 
     pub fn limit(&self) -> u64 {
