@@ -79,7 +79,7 @@ impl Attached {
         let flushed = match done.wait_for(Option::is_some).await {
             Ok(flushed) => flushed.unwrap_or(false),
             Err(_) => {
-                tracing::error!(volume = %self.name, "detaching: its local target ended without a word");
+                tracing::error!(volume = %self.name, "detaching: its local target's task ended without a result (see the log above)");
                 false
             }
         };

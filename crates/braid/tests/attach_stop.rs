@@ -129,16 +129,80 @@ fn attach_with_unflushed_writes_waits_for_a_path_and_a_second_sigterm_stops_it()
 }
 
 /// A configuration of `volumes` (name, URI), each on its own socket in
-/// `dir`, with the no-path timeout the stop tests use.
-fn write_config(path: &Path, dir: &Path, volumes: &[(&str, String)]) {
+/// `dir`, with a no-path timeout of `no_path` seconds.
+fn write_config(path: &Path, dir: &Path, volumes: &[(&str, String)], no_path: u32) {
     let mut text = String::new();
     for (name, uri) in volumes {
         text.push_str(&format!(
-            "[[volume]]\nname = {name:?}\nuri = {uri:?}\nsocket = {:?}\nno_path_timeout = 60\n\n",
+            "[[volume]]\nname = {name:?}\nuri = {uri:?}\nsocket = {:?}\nno_path_timeout = {no_path}\n\n",
             dir.join(format!("{name}.sock")).display().to_string()
         ));
     }
     std::fs::write(path, text).unwrap();
+}
+
+/// `braid attach --config` of "vol" and "other", each from its own braid
+/// serve, reloading without "vol" after "vol" was written (not flushed)
+/// and its target killed: the reload waits to flush "vol".
+struct Reloading {
+    attach: Attached,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    stays: Serve,
+    no_path: u32,
+}
+
+impl Reloading {
+    /// `None` where nbdsh is missing outside CI.
+    fn start(no_path: u32) -> Option<Self> {
+        if !tool("nbdsh") {
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let gone = Serve::start(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--listen",
+            "127.0.0.2:0",
+            "vol=mem:64MiB",
+        ]);
+        let stays = Serve::start(&["other=mem:8MiB", "third=mem:8MiB"]);
+        let config = dir.path().join("attach.toml");
+        let both = [("vol", gone.uri("vol")), ("other", stays.uri("other"))];
+        write_config(&config, dir.path(), &both, no_path);
+        let log = dir.path().join("attach.log");
+        let child = ChildGuard::spawn(
+            Command::new(env!("CARGO_BIN_EXE_braid"))
+                .arg("attach")
+                .arg("--config")
+                .arg(&config)
+                .arg("--control")
+                .arg(dir.path().join("control.sock"))
+                .env("NO_COLOR", "1")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap()),
+        );
+        let attach = Attached {
+            child,
+            socket: dir.path().join("vol.sock"),
+            log,
+        };
+        attach.wait_log("attached volume=other", Duration::from_secs(10));
+        attach.write(false);
+        signal(gone.pid(), libc::SIGKILL);
+        attach.wait_log("failed:", Duration::from_secs(10));
+
+        write_config(&config, dir.path(), &both[1..], no_path);
+        signal(attach.pid(), libc::SIGHUP);
+        attach.wait_log("no longer configured", Duration::from_secs(10));
+        Some(Self {
+            attach,
+            dir,
+            config,
+            stays,
+            no_path,
+        })
+    }
 }
 
 /// A reload (SIGHUP) that drops a volume whose target is gone, with
@@ -148,48 +212,44 @@ fn write_config(path: &Path, dir: &Path, volumes: &[(&str, String)]) {
 /// stops attach, naming what it left unflushed.
 #[test]
 fn a_sigterm_while_a_reload_waits_to_flush_a_dropped_volume_is_heard_at_once() {
-    if !tool("nbdsh") {
+    let Some(mut r) = Reloading::start(60) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let gone = Serve::start(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--listen",
-        "127.0.0.2:0",
-        "vol=mem:64MiB",
-    ]);
-    let stays = Serve::start(&["other=mem:8MiB"]);
-    let config = dir.path().join("attach.toml");
-    let both = [("vol", gone.uri("vol")), ("other", stays.uri("other"))];
-    write_config(&config, dir.path(), &both);
-    let log = dir.path().join("attach.log");
-    let child = ChildGuard::spawn(
-        Command::new(env!("CARGO_BIN_EXE_braid"))
-            .arg("attach")
-            .arg("--config")
-            .arg(&config)
-            .arg("--control")
-            .arg(dir.path().join("control.sock"))
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap()),
-    );
-    let mut attach = Attached {
-        child,
-        socket: dir.path().join("vol.sock"),
-        log,
     };
-    attach.wait_log("attached volume=other", Duration::from_secs(10));
-    attach.write(false);
-    signal(gone.pid(), libc::SIGKILL);
-    attach.wait_log("failed:", Duration::from_secs(10));
+    signal(r.attach.pid(), libc::SIGTERM);
+    waits_and_a_second_sigterm_stops_it(&mut r.attach);
+}
 
-    write_config(&config, dir.path(), &both[1..]);
-    signal(attach.pid(), libc::SIGHUP);
-    attach.wait_log("no longer configured", Duration::from_secs(10));
-    signal(attach.pid(), libc::SIGTERM);
-    waits_and_a_second_sigterm_stops_it(&mut attach);
+/// A SIGHUP while a reload waits (the file edited again meanwhile) is
+/// kept, and the file read again once the first reload is done: the
+/// volume the second edit added is attached.
+#[test]
+fn a_sighup_while_a_reload_waits_is_kept_and_the_file_read_again() {
+    let Some(mut r) = Reloading::start(3) else {
+        return;
+    };
+    let third = [
+        ("other", r.stays.uri("other")),
+        ("third", r.stays.uri("third")),
+    ];
+    write_config(&r.config, r.dir.path(), &third, r.no_path);
+    signal(r.attach.pid(), libc::SIGHUP);
+    r.attach
+        .wait_log("SIGHUP during a reload", Duration::from_secs(10));
+    // The first reload ends when the dropped volume's flush gives up.
+    let limit = Duration::from_secs(u64::from(r.no_path) + 10);
+    r.attach.wait_log("attached volume=third", limit);
+    signal(r.attach.pid(), libc::SIGTERM);
+    let status = r.attach.child.wait(PROMPT).unwrap_or_else(|| {
+        panic!(
+            "attach still running {PROMPT:?} after SIGTERM:\n{}",
+            r.attach.log()
+        )
+    });
+    assert!(
+        status.success(),
+        "attach exited {status}:\n{}",
+        r.attach.log()
+    );
 }
 
 /// A stopping attach with "vol" unflushed says what it waits for and how

@@ -123,22 +123,30 @@ pub fn run(args: AttachArgs) -> Result<()> {
 /// the no-path timeout). A stop ends it where it is, with the stop's
 /// signal (`Err`): a volume it was detaching is still in `volumes`, so the
 /// stop detaches it with the rest, with the stop's notice and second-signal
-/// escape. Another SIGHUP meanwhile is not queued; the log says so.
+/// escape. A SIGHUP meanwhile is kept: the file may have changed again
+/// since it was read, so it is read again once this reload is done.
 async fn reload_heeding_stop(
     args: &AttachArgs,
     volumes: &Volumes,
     signals: &mut Signals,
 ) -> Result<String, &'static str> {
-    let mut reloading = std::pin::pin!(reload(args, volumes));
     loop {
-        tokio::select! {
-            summary = &mut reloading => return Ok(summary),
-            signal = signals.next() => match signal {
-                Signal::Stop(which) => return Err(which),
-                Signal::Reload => warn!(
-                    "SIGHUP during a reload: ignored; send it again once this one is done"
-                ),
-            },
+        let mut again = false;
+        let mut reloading = std::pin::pin!(reload(args, volumes));
+        let summary = loop {
+            tokio::select! {
+                summary = &mut reloading => break summary,
+                signal = signals.next() => match signal {
+                    Signal::Stop(which) => return Err(which),
+                    Signal::Reload => {
+                        again = true;
+                        info!("SIGHUP during a reload: the file is read again once this one is done");
+                    }
+                },
+            }
+        };
+        if !again {
+            return Ok(summary);
         }
     }
 }
