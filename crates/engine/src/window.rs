@@ -170,13 +170,13 @@ impl Window {
     fn record(&mut self, offset: u64, extent: Extent, origin: Option<u64>) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let stored = Stored {
+        let id = self.entries.push_back(Stored {
             seq,
             offset,
             extent,
             origin,
-        };
-        self.put(None, stored);
+        });
+        self.index(id);
         self.shed();
     }
 
@@ -192,23 +192,17 @@ impl Window {
         }
     }
 
-    /// Adds an entry: the newest (`after` is `None` and its seq the
-    /// newest), or a part of one taken out, in its place just after
-    /// `after` (`Some(None)`: at the front). Returns its id.
-    fn put(&mut self, after: Option<Option<usize>>, stored: Stored) -> usize {
+    /// Counts and indexes entry `id`, just put in `entries`.
+    fn index(&mut self, id: usize) {
         self.pinned += ENTRY_COST;
-        let (offset, len, origin) = (stored.offset, stored.extent.len(), stored.origin);
-        let id = match after {
-            None => self.entries.push_back(stored),
-            Some(place) => self.entries.insert_after(place, stored),
-        };
+        let s = self.entries.get(id);
+        let (offset, len, origin) = (s.offset, s.extent.len(), s.origin);
         if let Some(o) = origin {
             let o = self.origins.get_mut(&o).expect("origin of a slice");
             o.live += len;
             o.slices.push(id);
         }
         self.by_offset.insert(offset, id);
-        id
     }
 
     /// Removes an entry from the maps; its buffer stays counted until
@@ -287,7 +281,7 @@ impl Window {
             }
             self.take(front);
         }
-        if self.entries.len() == 0 {
+        if self.entries.is_empty() {
             // Its slots' memory goes too, not kept at the window's peak.
             self.entries = AckOrder::new();
         }
@@ -323,14 +317,9 @@ impl Window {
             let o = s.offset;
             let e_end = o + s.extent.len();
             // What lies outside the punched range stays, with its seq.
-            let mut parts = Vec::new();
-            if o < offset {
-                parts.push((o, 0, offset - o));
-            }
-            if e_end > end {
-                parts.push((end, end - o, e_end - o));
-            }
-            for (at, from, to) in parts {
+            let left = (o < offset).then(|| (o, 0, offset - o));
+            let right = (e_end > end).then(|| (end, end - o, e_end - o));
+            for (at, from, to) in left.into_iter().chain(right) {
                 let part = Stored {
                     seq: s.seq,
                     offset: at,
@@ -338,7 +327,9 @@ impl Window {
                     origin: s.origin,
                 };
                 // In the entry's place: the order stays by seq.
-                place = Some(self.put(Some(place), part));
+                let id = self.entries.insert_after(place, part);
+                self.index(id);
+                place = Some(id);
             }
             touched.extend(s.origin);
         }
@@ -358,7 +349,7 @@ impl Window {
 
     /// Holds nothing to give back.
     pub fn is_empty(&self) -> bool {
-        self.entries.len() == 0
+        self.entries.is_empty()
     }
 
     /// Acknowledged requests were let go to stay within the limit and no
