@@ -171,6 +171,12 @@ pub struct VolumeStatus {
     pub lost: Option<LossStatus>,
     /// FLUSHes and FUA writes failed because of a loss.
     pub lost_flushes: u64,
+    /// FLUSHes braid sent on its own so that the window never fills for
+    /// a client that does not flush (VMware), and of those, the failed.
+    #[serde(default)]
+    pub writeback_flushes: u64,
+    #[serde(default)]
+    pub writeback_failures: u64,
     pub paths: Vec<PathStatus>,
 }
 

@@ -35,7 +35,7 @@ use std::time::Duration;
 use braid_initiator::Volume;
 use braid_powercut::PowerCut;
 use bytes::{Bytes, BytesMut};
-use common::{free_port, nbdsh};
+use common::{cmd, free_port};
 use crashkit::{block_data, decode_sector, power_cut, BLOCK, SECTOR, WAIT};
 use rand::{Rng, SeedableRng};
 
@@ -108,24 +108,6 @@ async fn bounded(run: impl std::future::Future<Output = ()>) {
 /// file is then cut once more keeping nothing dirty and read directly.
 #[needs("root", "nbdsh")]
 fn through_the_attach_socket_nothing_acknowledged_is_lost_across_power_cuts() {
-    const VOLUME: u64 = 8192;
-    let dir = tempfile::tempdir().expect("temporary dir");
-    let at = dir.path().join("mnt");
-    std::fs::create_dir(&at).expect("mount point");
-    let pc =
-        PowerCut::mount(&at, "disk.img", VOLUME * BLOCK as u64).expect("mounting braid-powercut");
-    let (state, control) = (dir.path().join("state"), dir.path().join("ctl.sock"));
-    let listens = [
-        format!("--listen=127.0.0.1:{}", free_port()),
-        format!("--listen=127.0.0.2:{}", free_port()),
-    ];
-    let start = || crashkit::start(pc.file(), &state, &control, &[&listens[0], &listens[1]]);
-    let seed = crashkit::seed("through attach");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut serve = start();
-    // Long enough to ride out every restart: no request may fail.
-    let attach =
-        labkit::Attach::start(None, &serve.uri("vol"), "vol", &["--no-path-timeout", "60"]);
     let shapes = [
         (
             "no FLUSH, four connections",
@@ -146,16 +128,77 @@ fn through_the_attach_socket_nothing_acknowledged_is_lost_across_power_cuts() {
             },
         ),
     ];
+    let status = cuts_through_attach("through attach", &[], &shapes);
+    assert!(
+        status["replays"].as_u64() >= Some(6),
+        "every restart was replayed: {status}"
+    );
+}
+
+/// A client that never flushes and writes many times the replay window
+/// between cuts (VMware's shape, with a window of 4 MiB so that 128 KiB to
+/// 1 MiB writes over four connections fill it in milliseconds): braid
+/// flushes on its own before the window fills, so every cut is replayed
+/// whole and the volume is never lost. Before, the window let its oldest
+/// writes go and the first cut lost the volume: the last FLUSH failed
+/// with EIO.
+#[needs("root", "nbdsh")]
+fn a_client_that_never_flushes_loses_nothing_when_it_writes_past_the_window() {
+    let shapes = [(
+        "no FLUSH past the window, four connections",
+        attachload::Shape {
+            conns: 4,
+            sizes: attachload::WRITEBACK,
+            flush_every: 0,
+            fua: false,
+        },
+    )];
+    let status = cuts_through_attach("past the window", &["--replay-window", "4MiB"], &shapes);
+    assert!(status["lost"].is_null(), "no loss: {status}");
+    assert!(
+        status["writeback_flushes"].as_u64() >= Some(3),
+        "braid flushed on its own: {status}"
+    );
+}
+
+/// Serves a volume on braid-powercut, attaches it (with `args`), runs each
+/// shape with three cuts under it, then FLUSHes through the socket, cuts
+/// once more keeping nothing dirty, and checks the file byte for byte.
+/// Returns attach's status before that last FLUSH.
+fn cuts_through_attach(
+    name: &str,
+    args: &[&str],
+    shapes: &[(&str, attachload::Shape)],
+) -> serde_json::Value {
+    const VOLUME: u64 = 8192;
+    let dir = tempfile::tempdir().expect("temporary dir");
+    let at = dir.path().join("mnt");
+    std::fs::create_dir(&at).expect("mount point");
+    let pc =
+        PowerCut::mount(&at, "disk.img", VOLUME * BLOCK as u64).expect("mounting braid-powercut");
+    let (state, control) = (dir.path().join("state"), dir.path().join("ctl.sock"));
+    let listens = [
+        format!("--listen=127.0.0.1:{}", free_port()),
+        format!("--listen=127.0.0.2:{}", free_port()),
+    ];
+    let start = || crashkit::start(pc.file(), &state, &control, &[&listens[0], &listens[1]]);
+    let seed = crashkit::seed(name);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut serve = start();
+    // Long enough to ride out every restart: no request may fail.
+    let mut attach_args = vec!["--no-path-timeout", "60"];
+    attach_args.extend_from_slice(args);
+    let attach = labkit::Attach::start(None, &serve.uri("vol"), "vol", &attach_args);
     let mut acked = attachload::Acked::new();
     let mut lost = 0;
-    for (n, (name, shape)) in shapes.iter().enumerate() {
+    for (n, (shape_name, shape)) in shapes.iter().enumerate() {
         let base = (n as u64) << 32;
         let load = attachload::Load::start(&attach.uri(), VOLUME, shape, rng.gen(), &acked, base);
         for cut in 1..=3 {
             std::thread::sleep(Duration::from_millis(rng.gen_range(300..700)));
             let c = power_cut(&mut serve, &pc, 0.5, rng.gen());
             eprintln!(
-                "{name}, cut {cut}: {} dirty sectors lost, {} kept",
+                "{shape_name}, cut {cut}: {} dirty sectors lost, {} kept",
                 c.lost, c.kept
             );
             lost += c.lost;
@@ -168,18 +211,21 @@ fn through_the_attach_socket_nothing_acknowledged_is_lost_across_power_cuts() {
     }
     assert!(lost > 0, "no cut dropped anything: nothing to replay");
     let status = attach.status();
-    assert!(
-        status["replays"].as_u64() >= Some(6),
-        "every restart was replayed: {status}\n{}",
-        attach.log()
-    );
-    nbdsh(&format!(
+    let script = format!(
         "h.connect_uri({:?})\nh.flush()\nh.shutdown()\n",
         attach.uri()
-    ));
+    );
+    let flushed = common::output(cmd("nbdsh").args(["-c", &script]), common::TOOL_TIMEOUT);
+    assert!(
+        flushed.status.success(),
+        "{name}: the last FLUSH failed: {}\nattach's status: {status}\n{}",
+        String::from_utf8_lossy(&flushed.stderr),
+        attach.log()
+    );
     let cut = power_cut(&mut serve, &pc, 0.0, 0);
     eprintln!("last cut: {} dirty sectors lost", cut.lost);
     attachload::check(&pc.file().display().to_string(), &acked, VOLUME);
+    status
 }
 
 /// The last version of each block acknowledged (0: zeroes).

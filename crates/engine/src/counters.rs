@@ -29,4 +29,9 @@ pub struct VolumeCounters {
     /// FLUSHes and FUA writes failed with EIO because of a loss: moves per
     /// request.
     pub lost_flushes: u64,
+    /// FLUSHes the engine sent on its own to keep the replay window from
+    /// filling (`writeback.rs`): moves when one is sent.
+    pub writeback_flushes: u64,
+    /// Of those, the ones that failed (a restart's cancel is not one).
+    pub writeback_failures: u64,
 }

@@ -56,6 +56,9 @@ mod tests;
 pub mod window;
 #[cfg(test)]
 mod window_tests;
+mod writeback;
+#[cfg(test)]
+mod writeback_tests;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -177,6 +180,8 @@ enum Origin {
     User,
     /// The engine, giving a restarted target its window again.
     Replay,
+    /// The engine, making the window durable (`writeback.rs`).
+    Writeback,
 }
 
 #[derive(Debug)]
@@ -270,6 +275,8 @@ pub struct Engine {
     counters: VolumeCounters,
     /// What the target acknowledged and has not made durable.
     window: window::Window,
+    /// The engine's own FLUSH, and the writes that will fill the window.
+    writeback: writeback::Writeback,
     /// Restarts of the target seen so far; each path and chunk records
     /// the one it led to.
     epoch: u64,
@@ -316,6 +323,7 @@ impl Engine {
             counters: VolumeCounters::default(),
             views: Vec::new(),
             window: window::Window::new(cfg.replay_window),
+            writeback: Default::default(),
             epoch: 0,
             instance: None,
             signals: false,

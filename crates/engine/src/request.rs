@@ -8,12 +8,17 @@ use braid_block::{Error, ErrorKind, Flags};
 use braid_proto::Cookie;
 
 use super::window::Extent;
+use super::writeback::Writeback;
 use super::{Action, Engine, IoError, Op, Origin, Piece, ReqId, Submit, UserReq, NONDATA_PIECE};
 
 impl Engine {
     /// Submits a request; its completion comes as [`Action::Complete`].
     pub fn submit(&mut self, now: Duration, s: Submit) -> ReqId {
         let id = self.new_request(&s, Origin::User, now);
+        let cost = Writeback::cost(s.op, s.flags, s.payload.as_ref());
+        if cost > 0 {
+            self.writeback_admit(now, cost);
+        }
         if self.replay.is_some() {
             // Nothing new may land, or read, before the restarted target
             // has back what it acknowledged.
@@ -165,10 +170,12 @@ impl Engine {
             self.open_writes.remove(&seq);
             self.release_flushes(now);
         }
-        if r.origin == Origin::Replay {
-            self.replay_write_done(now, r);
-            return;
+        match r.origin {
+            Origin::Replay => return self.replay_write_done(now, r),
+            Origin::Writeback => return self.writeback_done(now, req, r),
+            Origin::User => {}
         }
+        self.writeback_settled(Writeback::cost(r.op, r.flags, r.payload.as_ref()));
         let result = self.conclude(&r);
         if let Err(e) = &result {
             self.counters.errors_returned += 1;

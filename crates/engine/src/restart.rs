@@ -63,6 +63,10 @@ pub(crate) struct Undo {
     pub every_reset: bool,
     /// A loss fails one FLUSH, then is forgotten.
     pub loss_once: bool,
+    /// The engine sends no FLUSH of its own (`writeback.rs`).
+    pub no_writeback: bool,
+    /// A restart does not cancel the engine's FLUSH out.
+    pub writeback_kept: bool,
 }
 
 /// Bytes of replay writes out at once. The window goes out a part at a
@@ -296,6 +300,7 @@ impl Engine {
                 outstanding += 1;
             }
         }
+        self.writeback_cancel();
         self.replay = Some(ReplayRun {
             started: now,
             outstanding,

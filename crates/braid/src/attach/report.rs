@@ -108,6 +108,8 @@ pub fn volume_status(a: &Attached, rates: &Rates, window: Duration) -> ctl::Volu
         replaying: report.replay.replaying,
         lost: report.replay.lost.as_ref().map(loss_status),
         lost_flushes: report.replay.lost_flushes,
+        writeback_flushes: report.counters.writeback_flushes,
+        writeback_failures: report.counters.writeback_failures,
         paths,
     }
 }

@@ -111,6 +111,16 @@ const VOLUME_COUNTERS: &[VolumeCounter] = &[
         "Times the volume was found to have lost acknowledged writes (a restart the replay window could not cover, or a replay that failed)",
         |c| c.losses,
     ),
+    (
+        "braid_volume_writeback_flushes",
+        "FLUSHes braid sent on its own to keep the replay window from filling (for clients that never flush, as VMware does)",
+        |c| c.writeback_flushes,
+    ),
+    (
+        "braid_volume_writeback_flush_failures",
+        "Of those, the ones that failed (tried again a second later; meanwhile the window may let writes go)",
+        |c| c.writeback_failures,
+    ),
 ];
 
 impl Collector for AttachCollector {

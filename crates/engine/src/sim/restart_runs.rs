@@ -117,7 +117,7 @@ fn each_fix_undone_is_found_by_a_seeded_run() {
     /// A fix undone, the seed that shows it, a window to use instead of
     /// the seed's, and words of the failure.
     type Case = (&'static str, Undo, Signal, u64, Option<u64>, &'static str);
-    let cases: [Case; 8] = [
+    let cases: [Case; 9] = [
         // 1. A split write's pieces answered by the old target.
         (
             "split writes",
@@ -146,6 +146,7 @@ fn each_fix_undone_is_found_by_a_seeded_run() {
             "overflow",
             Undo {
                 overflow: true,
+                no_writeback: true,
                 ..undo
             },
             Signal::Instance,
@@ -161,7 +162,7 @@ fn each_fix_undone_is_found_by_a_seeded_run() {
                 ..undo
             },
             Signal::Instance,
-            0,
+            1,
             None,
             "read of block",
         ),
@@ -201,7 +202,20 @@ fn each_fix_undone_is_found_by_a_seeded_run() {
             None,
             "restarts seen",
         ),
-        // 6. A loss fails one FLUSH only.
+        // 6. A restart leaves the engine's own FLUSH out, and its answer
+        //    (from the new target) takes the window's writes out.
+        (
+            "writeback kept",
+            Undo {
+                writeback_kept: true,
+                ..undo
+            },
+            Signal::Instance,
+            74,
+            Some(1 << 20),
+            "older than",
+        ),
+        // 7. A loss fails one FLUSH only.
         (
             "loss once",
             Undo {

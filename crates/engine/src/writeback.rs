@@ -1,0 +1,140 @@
+//! FLUSHes of the engine's own, so that a client that never sends one
+//! still loses nothing to a target restart.
+//!
+//! VMware sends no SYNCHRONIZE CACHE, and a stream of writes between a
+//! kernel's FLUSHes can be larger than the replay window: either way the
+//! window filled, let its oldest writes go, and a restart then found the
+//! volume lost. Like the kernel's writeback, the engine now sends a FLUSH
+//! itself once the window and the writes under way reach half of its
+//! limit; when it succeeds, what it covered is durable and leaves the
+//! window. Writes that would take the window past its limit wait, in
+//! order, until that FLUSH is answered, so the window never has to let an
+//! acknowledged write go while a FLUSH that would cover it is on its way.
+//!
+//! The FLUSH is the engine's: no caller waits for it, and its result
+//! reaches no caller. A restart while it is out cancels it: a FLUSH the
+//! new target answers says nothing of writes the old one lost, so its
+//! success must not take them out of the window. One that fails is tried
+//! again after [`RETRY`]; meanwhile writes go on, and the window lets its
+//! oldest go as before (a restart then reports the loss).
+
+use std::time::Duration;
+
+use braid_block::Flags;
+
+use super::window::ENTRY_COST;
+use super::{Engine, Op, Origin, Payload, ReqId, Submit, UserReq};
+
+/// How long after a failed FLUSH of its own the engine tries another.
+pub(super) const RETRY: Duration = Duration::from_secs(1);
+
+/// The engine's FLUSH under way, and what it covers.
+#[derive(Debug, Default)]
+pub(super) struct Writeback {
+    /// The FLUSH out (its request), and the last write seq it covers:
+    /// writes after that one are the ones that may wait for it.
+    out: Option<(ReqId, u64)>,
+    /// Window cost of the user's writes, zeroing and trims not yet
+    /// completed: what the window will hold once they are.
+    under_way: u64,
+    /// No new FLUSH before this, after one failed.
+    retry_at: Duration,
+}
+
+impl Writeback {
+    /// What a user's request would add to the window once acknowledged.
+    pub(super) fn cost(op: Op, flags: Flags, payload: Option<&Payload>) -> u64 {
+        if !op.is_write() || flags.fua() {
+            return 0;
+        }
+        let data = payload.map_or(0, |p| p.pinned.max(p.data.len() as u64));
+        data + ENTRY_COST
+    }
+}
+
+impl Engine {
+    /// A user's write was registered (its cost is counted as under way):
+    /// sends the engine's FLUSH if the window will be half full.
+    pub(super) fn writeback_admit(&mut self, now: Duration, cost: u64) {
+        self.writeback.under_way += cost;
+        self.writeback_maybe(now);
+    }
+
+    /// A user's write, zeroing or trim ended, acknowledged or not.
+    pub(super) fn writeback_settled(&mut self, cost: u64) {
+        self.writeback.under_way = self.writeback.under_way.saturating_sub(cost);
+    }
+
+    /// Sends the engine's FLUSH when the window, with what is under way,
+    /// holds half its limit or more, none is out, and no replay is under
+    /// way (its writes are not the window's until they land).
+    pub(super) fn writeback_maybe(&mut self, now: Duration) {
+        #[cfg(test)]
+        if self.undo.no_writeback {
+            return;
+        }
+        let w = &self.writeback;
+        let filled = self.window.pinned() + w.under_way;
+        if w.out.is_some()
+            || self.window.limit() == 0
+            || self.replay.is_some()
+            || now < w.retry_at
+            || filled < self.window.limit() / 2
+            || (self.window.is_empty() && self.open_writes.is_empty())
+        {
+            return;
+        }
+        let s = Submit::new(Op::Flush, 0, 0, Flags::empty());
+        let id = self.new_request(&s, Origin::Writeback, now);
+        self.counters.writeback_flushes += 1;
+        self.writeback.out = Some((id, self.next_write_seq - 1));
+        self.start(now, id, s, now);
+    }
+
+    /// Whether the user's WRITE `r` waits for the engine's FLUSH: one is
+    /// out that does not cover it, and the window with every write under
+    /// way would pass its limit. Writes the FLUSH covers never wait (it
+    /// waits for them).
+    pub(super) fn writeback_holds(&self, r: &UserReq) -> bool {
+        let Some((_, covers)) = self.writeback.out else {
+            return false;
+        };
+        r.write_seq.is_some_and(|seq| seq > covers)
+            && self.window.pinned() + self.writeback.under_way > self.window.limit()
+    }
+
+    /// The engine's FLUSH `r` ended: what it covered is durable unless a
+    /// restart cancelled it; one that failed is tried again later.
+    pub(super) fn writeback_done(&mut self, now: Duration, id: ReqId, r: UserReq) {
+        if self.writeback.out.is_some_and(|(out, _)| out == id) {
+            self.writeback.out = None;
+        }
+        if r.cancelled {
+            return;
+        }
+        if r.error.is_some() {
+            self.counters.writeback_failures += 1;
+            self.writeback.retry_at = now + RETRY;
+        } else {
+            self.window.flushed(r.mark);
+        }
+        // Still half full (writes came meanwhile): the next one goes now,
+        // before the writes that waited are let go.
+        self.writeback_maybe(now);
+        self.release_held(now);
+    }
+
+    /// A restart: the engine's FLUSH out, if any, covers nothing the new
+    /// target has; its answer is only awaited.
+    pub(super) fn writeback_cancel(&mut self) {
+        #[cfg(test)]
+        if self.undo.writeback_kept {
+            return;
+        }
+        if let Some((id, _)) = self.writeback.out {
+            if let Some(r) = self.reqs.get_mut(&id.0) {
+                r.cancelled = true;
+            }
+        }
+    }
+}
