@@ -86,14 +86,15 @@ pub struct MultipathArgs {
     pub connections_per_path: usize,
 
     /// Memory for the writes acknowledged since the last FLUSH, kept to
-    /// give a restarted target again (one that may have lost them). Half
-    /// full, braid sends a FLUSH of its own (for clients that never flush,
-    /// as VMware does), and writes that would fill it wait for that FLUSH.
+    /// give a restarted target again (one that may have lost them). At 32
+    /// MiB (or half of it, if less) braid sends a FLUSH of its own (for
+    /// clients that never flush, as VMware does); the rest is room for
+    /// writes while that FLUSH is out, and writes that would fill it wait.
     /// A restart when more was acknowledged than this holds (one write
     /// larger than it, or braid's FLUSH failing) cannot be made whole:
     /// every FLUSH and FUA write then fails with EIO until `braid
     /// clear-loss`. Larger costs memory (counted by the buffers held, up to
-    /// twice the data) and means fewer FLUSHes of braid's own
+    /// twice the data); smaller, writes wait sooner behind a slow FLUSH
     #[arg(long, value_name = "SIZE", default_value = "256MiB")]
     pub replay_window: String,
 
