@@ -119,6 +119,12 @@ pub const KINDS: &[Kind] = &[
         took: "",
     },
     Kind {
+        name: "writeback-failed",
+        label: "braid's FLUSH failed",
+        tone: "warn",
+        took: "",
+    },
+    Kind {
         name: "conn-open",
         label: "client connected",
         tone: "info",

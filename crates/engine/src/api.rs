@@ -189,6 +189,13 @@ pub enum Event {
     Lost {
         cause: String,
     },
+    /// The FLUSH the engine sent on its own to keep the replay window from
+    /// filling failed (`error`, the target's); another goes after `retry`.
+    /// Meanwhile the window may fill and let writes go.
+    WritebackFailed {
+        error: String,
+        retry: Duration,
+    },
 }
 
 /// One fence: the connections of one failure of a path, and the writes

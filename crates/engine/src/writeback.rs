@@ -23,7 +23,7 @@ use std::time::Duration;
 use braid_block::Flags;
 
 use super::window::ENTRY_COST;
-use super::{Engine, Op, Origin, Payload, ReqId, Submit, UserReq};
+use super::{Action, Engine, Event, Op, Origin, Payload, ReqId, Submit, UserReq};
 
 /// The window's fill at which the engine sends its FLUSH: this, or half
 /// the window if that is less. Kept small, the window stays small too: a
@@ -123,9 +123,14 @@ impl Engine {
         if r.cancelled {
             return;
         }
-        if r.error.is_some() {
+        if let Some(e) = &r.error {
             self.counters.writeback_failures += 1;
             self.writeback.retry_at = now + RETRY;
+            self.actions
+                .push_back(Action::Event(Event::WritebackFailed {
+                    error: e.to_string(),
+                    retry: RETRY,
+                }));
         } else {
             self.window.flushed(r.mark);
         }

@@ -184,6 +184,13 @@ fn a_failed_engine_flush_is_tried_again_later() {
     );
     h.pump();
     assert_eq!(h.e.volume_counters().writeback_failures, 1);
+    assert!(
+        h.log.iter().any(|a| matches!(a,
+            Action::Event(Event::WritebackFailed { error, retry })
+                if error.contains("bad") && *retry == writeback::RETRY)),
+        "the failure is told, with the target's error: {:?}",
+        h.log
+    );
     assert_eq!(h.e.replay_report().window_bytes, 3 * MIB);
     write(&mut h, 3, 1);
     answer(&mut h, true);

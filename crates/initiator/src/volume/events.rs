@@ -21,7 +21,8 @@ impl Core {
             Event::NoPathTimeout { .. }
             | Event::TargetRestarted { .. }
             | Event::Replayed { .. }
-            | Event::Lost { .. } => self.span.clone(),
+            | Event::Lost { .. }
+            | Event::WritebackFailed { .. } => self.span.clone(),
         };
         let _entered = span.enter();
         match ev {
@@ -145,6 +146,19 @@ impl Core {
                      volume is detached or `braid clear-loss` is run"
                 );
                 self.timeline.record(EventKind::Lost, None, line, None);
+            }
+            Event::WritebackFailed { error, retry } => {
+                let line = format!(
+                    "braid's own FLUSH (sent to keep the replay window from filling) failed: \
+                     {error}; the window keeps what it covered, and another goes in {} s",
+                    retry.as_secs()
+                );
+                warn!(
+                    "{line}. While FLUSHes fail the window may fill, and a restart of the \
+                     target would then lose writes"
+                );
+                self.timeline
+                    .record(EventKind::WritebackFailed, None, line, None);
             }
         }
     }

@@ -50,6 +50,8 @@ pub enum EventKind {
     Lost,
     /// An operator cleared a loss.
     LossCleared,
+    /// braid's own FLUSH of the replay window failed (tried again soon).
+    WritebackFailed,
 }
 
 impl EventKind {
@@ -69,6 +71,7 @@ impl EventKind {
             Self::RestartAlreadyHandled => "restart-known",
             Self::Lost => "lost",
             Self::LossCleared => "loss-cleared",
+            Self::WritebackFailed => "writeback-failed",
         }
     }
 }
