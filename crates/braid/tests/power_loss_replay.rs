@@ -140,8 +140,8 @@ fn through_the_attach_socket_nothing_acknowledged_is_lost_across_power_cuts() {
 /// 1 MiB writes over four connections fill it in milliseconds): braid
 /// flushes on its own before the window fills, so every cut is replayed
 /// whole and the volume is never lost. Before, the window let its oldest
-/// writes go and the first cut lost the volume: the last FLUSH failed
-/// with EIO.
+/// writes go and a cut lost them: a read after the replay saw a torn
+/// block older than the last write acknowledged.
 #[needs("root", "nbdsh")]
 fn a_client_that_never_flushes_loses_nothing_when_it_writes_past_the_window() {
     let shapes = [(

@@ -15,7 +15,7 @@ impl Engine {
     /// requests go out in the order they came.
     pub(super) fn submit_data(&mut self, now: Duration, id: ReqId, s: Submit, since: Duration) {
         self.refresh_views(now);
-        if !self.held.is_empty() || self.policy.hold(&self.views) || self.waits_for_writeback(id) {
+        if !self.held.is_empty() || self.policy.hold(&self.views) || self.writeback_holds(id) {
             self.held.push_back((id, s, since));
             return;
         }
@@ -32,19 +32,12 @@ impl Engine {
         while !self.held.is_empty() && self.replay.is_none() {
             self.refresh_views(now);
             let front = self.held.front().expect("not empty").0;
-            if self.policy.hold(&self.views) || self.waits_for_writeback(front) {
+            if self.policy.hold(&self.views) || self.writeback_holds(front) {
                 return;
             }
             let (id, s, since) = self.held.pop_front().expect("not empty");
             self.place(now, id, &s, since);
         }
-    }
-
-    /// A write that would fill the window waits for the engine's FLUSH.
-    fn waits_for_writeback(&self, id: ReqId) -> bool {
-        self.reqs
-            .get(&id.0)
-            .is_some_and(|r| self.writeback_holds(r))
     }
 
     /// Splits a request by the policy's plan and sends its pieces (those

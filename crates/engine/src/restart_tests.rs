@@ -22,7 +22,7 @@ fn harness(paths: usize) -> Harness {
     h
 }
 
-fn up(h: &mut Harness, p: PathId, conn: u128, instance: Instance) {
+pub(crate) fn up(h: &mut Harness, p: PathId, conn: u128, instance: Instance) {
     h.e.path_up_with(h.now, p, vec![Some(ConnId(conn))], true, instance);
     h.pump();
 }

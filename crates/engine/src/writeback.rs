@@ -7,9 +7,10 @@
 //! volume lost. Like the kernel's writeback, the engine now sends a FLUSH
 //! itself once the window and the writes under way reach 32 MiB (or half
 //! its limit, if less); when it succeeds, what it covered is durable and
-//! leaves the window. Writes that would take the window past its limit wait, in
-//! order, until that FLUSH is answered, so the window never has to let an
-//! acknowledged write go while a FLUSH that would cover it is on its way.
+//! leaves the window. Writes that would take the window past its limit
+//! wait, in order, until that FLUSH is answered, so the window never has
+//! to let an acknowledged write go while a FLUSH that would cover it is
+//! on its way.
 //!
 //! The FLUSH is the engine's: no caller waits for it, and its result
 //! reaches no caller. A restart while it is out cancels it: a FLUSH the
@@ -64,7 +65,7 @@ impl Writeback {
 
 impl Engine {
     /// A user's write was registered (its cost is counted as under way):
-    /// sends the engine's FLUSH if the window will be half full.
+    /// sends the engine's FLUSH if the window will be full enough.
     pub(super) fn writeback_admit(&mut self, now: Duration, cost: u64) {
         self.writeback.under_way += cost;
         self.writeback_maybe(now);
@@ -91,7 +92,6 @@ impl Engine {
             || self.replay.is_some()
             || now < w.retry_at
             || filled < (self.window.limit() / 2).min(WRITEBACK_AT)
-            || (self.window.is_empty() && self.open_writes.is_empty())
         {
             return;
         }
@@ -102,16 +102,20 @@ impl Engine {
         self.start(now, id, s, now);
     }
 
-    /// Whether the user's WRITE `r` waits for the engine's FLUSH: one is
-    /// out that does not cover it, and the window with every write under
-    /// way would pass its limit. Writes the FLUSH covers never wait (it
-    /// waits for them).
-    pub(super) fn writeback_holds(&self, r: &UserReq) -> bool {
+    /// Whether the user's request `id` waits for the engine's FLUSH: a
+    /// write, one is out that does not cover it, and the window with every
+    /// write under way would pass its limit. Writes the FLUSH covers never
+    /// wait (it waits for them). Costs nothing while no FLUSH is out.
+    pub(super) fn writeback_holds(&self, id: ReqId) -> bool {
         let Some((_, covers)) = self.writeback.out else {
             return false;
         };
-        r.write_seq.is_some_and(|seq| seq > covers)
-            && self.window.pinned() + self.writeback.under_way > self.window.limit()
+        self.window.pinned() + self.writeback.under_way > self.window.limit()
+            && self
+                .reqs
+                .get(&id.0)
+                .and_then(|r| r.write_seq)
+                .is_some_and(|seq| seq > covers)
     }
 
     /// The engine's FLUSH `r` ended: what it covered is durable unless a
@@ -134,8 +138,8 @@ impl Engine {
         } else {
             self.window.flushed(r.mark);
         }
-        // Still half full (writes came meanwhile): the next one goes now,
-        // before the writes that waited are let go.
+        // Still full enough (writes came meanwhile): the next one goes
+        // now, before the writes that waited are let go.
         self.writeback_maybe(now);
         self.release_held(now);
     }

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use braid_block::Flags;
-use braid_proto::braid_ns::ConnId;
 use bytes::Bytes;
 
+use super::restart_tests::up;
 use super::tests::Harness;
 use super::*;
 
@@ -21,21 +21,10 @@ fn harness(entries: u64) -> Harness {
     let mut h = Harness::new("round-robin", 0, cfg);
     for i in 0..2 {
         let p = h.e.add_path(PathConfig::default(), Duration::ZERO);
-        up(&mut h, p, 100 + i, 1);
+        up(&mut h, p, 100 + i, Instance::Known(1));
     }
     h.log.clear();
     h
-}
-
-fn up(h: &mut Harness, p: PathId, conn: u128, instance: u128) {
-    h.e.path_up_with(
-        h.now,
-        p,
-        vec![Some(ConnId(conn))],
-        true,
-        Instance::Known(instance),
-    );
-    h.pump();
 }
 
 /// A 1 MiB write of `v` at MiB `at`.
@@ -105,7 +94,7 @@ fn a_client_that_never_flushes_keeps_the_window_whole() {
     }
     h.pump();
     h.sent.clear();
-    up(&mut h, PathId(0), 200, 2);
+    up(&mut h, PathId(0), 200, Instance::Known(2));
     answer(&mut h, true);
     assert_eq!(
         h.e.volume_counters().replay_bytes,
