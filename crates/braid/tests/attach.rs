@@ -437,11 +437,7 @@ fn scrape(addr: &str) -> String {
 #[needs("nbdcopy")]
 fn status_and_metrics_add_up_to_the_traffic_sent() {
     let serve = serve_loopback("vol=mem:64MiB");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let metrics = format!("127.0.0.1:{port}");
     let attach = Attach::start(None, &serve.uri, "vol", &["--metrics", &metrics]);
     let dir = tempfile::tempdir().unwrap();

@@ -32,13 +32,16 @@ use common::{output, signal, Serve};
 /// with the failover policy, B first: every write goes to B while it works.
 async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiator::Volume> {
     let (uri, b) = (a.uri("vol"), b_portal.to_owned());
-    tokio::task::spawn_blocking(move || {
-        cephkit::eventually(Duration::from_secs(20), "A announces B", || {
-            announces(&uri, &b)
-        });
+    let announced = tokio::task::spawn_blocking(move || {
+        common::wait_until(Duration::from_secs(20), || announces(&uri, &b))
     })
     .await
     .unwrap();
+    assert!(
+        announced,
+        "A never listed B's portal {b_portal} in 20 s; A:\n{}",
+        a.log()
+    );
     let rules: Vec<PathRule> = [
         format!("{b_portal},priority=0"),
         format!("{},priority=1", a.addr()),
@@ -53,9 +56,13 @@ async fn open_b_first(a: &Serve, b_portal: &str) -> std::sync::Arc<braid_initiat
     .await
 }
 
-/// Whether the gateway at `uri` answers `x-braid:portal` with `portal`.
+/// Whether the gateway at `uri` answers `x-braid:portal` with `portal`
+/// (not if it does not answer at all: the caller says why with its log).
 fn announces(uri: &str, portal: &str) -> bool {
-    let out = common::run(common::cmd("nbdinfo").args(["--list", uri]));
+    let out = output(
+        common::cmd("nbdinfo").args(["--list", uri]),
+        common::TOOL_TIMEOUT,
+    );
     String::from_utf8_lossy(&out.stdout).contains(&format!("x-braid:portal={portal}"))
 }
 

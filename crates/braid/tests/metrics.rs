@@ -250,3 +250,20 @@ fn status_latency_is_recent_and_leaves_probes_out() {
     assert!(p["latency_p50_us"].as_u64().unwrap() > 0, "{p}");
     assert!(p["latency_1m_p99_us"].as_u64().unwrap() > 0, "{p}");
 }
+
+/// A `--metrics` address that is already taken ends `braid serve`'s start
+/// before it logs a portal or an export: those lines are what a supervisor
+/// or a test takes as "serving", and a server that said them and then
+/// exited left its clients a refused connection and no reason.
+#[test]
+fn a_taken_metrics_port_ends_the_start_before_the_server_says_it_is_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let err = common::refused(dir.path(), &["--metrics", &addr, "vol=mem:1MiB"]);
+    assert!(err.contains(&addr), "the error names the address:\n{err}");
+    assert!(
+        !err.contains(" portal ") && !err.contains(" export \""),
+        "the server said it was up before it failed:\n{err}"
+    );
+}

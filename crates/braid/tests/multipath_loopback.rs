@@ -8,7 +8,7 @@ mod common;
 use braid_test_needs::needs;
 
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -184,14 +184,6 @@ fn sequential_read_at_depth_one_uses_both_paths() {
     assert_eq!(j["errors"], 0, "{j}");
 }
 
-fn free_port(ip: &str) -> u16 {
-    TcpListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn wait_listening(addr: SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
@@ -201,7 +193,7 @@ fn wait_listening(addr: SocketAddr) {
 }
 
 fn nbdkit_file(ip: &str, file: &Path) -> (ChildGuard, SocketAddr) {
-    let port = free_port(ip);
+    let port = common::free_port();
     let guard = ChildGuard::spawn(
         cmd("nbdkit")
             .args(["-f", "-i", ip, "-p", &port.to_string(), "file"])

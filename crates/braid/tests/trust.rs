@@ -7,12 +7,12 @@ mod common;
 use braid_test_needs::needs;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::raw::RawClient;
-use common::{cmd, output, random_file, run, sha256, ChildGuard, Serve};
+use common::{cmd, free_port, output, random_file, run, sha256, ChildGuard, Serve};
 
 fn braid() -> std::process::Command {
     cmd(env!("CARGO_BIN_EXE_braid"))
@@ -110,14 +110,6 @@ fn libnbd_clients_need_a_certificate_from_the_right_ca() {
         "exports listed before TLS"
     );
     serve.assert_healthy();
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[needs("nbdkit")]

@@ -474,28 +474,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
             None => None,
         };
-        for (p, addr) in portals.iter().zip(target.local_addrs()) {
-            match &p.device {
-                Some(dev) => info!("portal {addr} (bound to {dev})"),
-                None => info!("portal {addr}"),
-            }
-        }
-        for e in target.exports().iter() {
-            info!(
-                "export {:?}: {} {}{}, volume {}",
-                e.name,
-                e.description,
-                format_size(e.size()),
-                if e.read_only { ", read-only" } else { "" },
-                e.volume
-            );
-        }
-        if cfg.default_listen {
-            info!(
-                "serving on loopback only; to serve on this host's network addresses add \
-                 --listen all, or --listen IFACE for each NIC"
-            );
-        }
+        // The control socket and the console are bound before the lines that
+        // say the server is up: a port already taken must end the start, not
+        // a server that its supervisor (or a test) already counted as serving.
         let rates = Arc::new(Mutex::new(Rates::default()));
         let registry = target.registry();
         tokio::spawn(sample(registry.clone(), rates.clone()));
@@ -525,6 +506,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let _control = control::serve(&cfg.control, handler.clone())?;
         if let Some(http) = &cfg.http {
             console::start(http, &cfg, &target, &portals, handler).await?;
+        }
+        for (p, addr) in portals.iter().zip(target.local_addrs()) {
+            match &p.device {
+                Some(dev) => info!("portal {addr} (bound to {dev})"),
+                None => info!("portal {addr}"),
+            }
+        }
+        for e in target.exports().iter() {
+            info!(
+                "export {:?}: {} {}{}, volume {}",
+                e.name,
+                e.description,
+                format_size(e.size()),
+                if e.read_only { ", read-only" } else { "" },
+                e.volume
+            );
+        }
+        if cfg.default_listen {
+            info!(
+                "serving on loopback only; to serve on this host's network addresses add \
+                 --listen all, or --listen IFACE for each NIC"
+            );
         }
         crate::notify::ready(&format!(
             "serving {} export(s) on {} portal(s)",

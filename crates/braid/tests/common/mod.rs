@@ -584,14 +584,29 @@ pub fn sha256_bytes(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-/// A TCP port free on loopback now (for a listener that must be named
-/// before it starts).
+/// A TCP port free on every address now, for a listener that must be named
+/// before it starts. Drawn from below the kernel's ephemeral range: a port
+/// the kernel handed out once (`bind(0)`) it hands out again, to another
+/// test's listener or outgoing connection, in the moment between this
+/// call and the bind that wants it. Each process walks its own stretch of
+/// ports (by PID), and never repeats one.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("binding a loopback port")
-        .local_addr()
-        .expect("its address")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1000));
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (first + (start + n) % span) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port between {first} and {}", first + span)
 }
 
 /// Polls `done` every 20 ms for up to `limit`; whether it came true.
