@@ -267,3 +267,33 @@ fn a_taken_metrics_port_ends_the_start_before_the_server_says_it_is_up() {
         "the server said it was up before it failed:\n{err}"
     );
 }
+
+/// The same for `braid attach`: a taken `--metrics` address ends the start
+/// before a volume is attached, so no socket says "attached" to a client
+/// of a process about to exit.
+#[test]
+fn a_taken_metrics_port_ends_attach_before_a_volume_is_attached() {
+    let serve = Serve::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = common::output(
+        std::process::Command::new(env!("CARGO_BIN_EXE_braid"))
+            .env("NO_COLOR", "1")
+            .arg("attach")
+            .arg(serve.uri("vol"))
+            .arg("--socket")
+            .arg(dir.path().join("vol.sock"))
+            .arg("--control")
+            .arg(dir.path().join("ctl"))
+            .args(["--metrics", &addr]),
+        Duration::from_secs(20),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&addr), "the error names the address:\n{err}");
+    assert!(
+        !err.contains(" attached"),
+        "a volume was attached before the start failed:\n{err}"
+    );
+}

@@ -57,18 +57,8 @@ pub fn run(args: AttachArgs) -> Result<()> {
     rt.block_on(async move {
         let mut signals = Signals::install()?;
         let volumes = Volumes::default();
-        for spec in &specs {
-            match attach(spec).await {
-                Ok(a) => volumes.add(a),
-                Err(e) => {
-                    // Nothing half-attached is left behind.
-                    for a in volumes.snapshot() {
-                        a.detach().await;
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        // The control socket and the console first: an address already taken
+        // must end the start before a volume's socket says it is attached.
         let rates = Arc::new(Mutex::new(Rates::default()));
         tokio::spawn(report::sample(volumes.clone(), rates.clone()));
         let handler = report::handler(volumes.clone(), rates.clone());
@@ -81,6 +71,18 @@ pub fn run(args: AttachArgs) -> Result<()> {
                 handler,
             };
             crate::console::start(http, None, Arc::new(source), volumes.events()).await?;
+        }
+        for spec in &specs {
+            match attach(spec).await {
+                Ok(a) => volumes.add(a),
+                Err(e) => {
+                    // Nothing half-attached is left behind.
+                    for a in volumes.snapshot() {
+                        a.detach().await;
+                    }
+                    return Err(e);
+                }
+            }
         }
         let attached = volumes.snapshot();
         let devices = devices::free_nbd_devices(Path::new("/sys/block"), attached.len());
