@@ -14,6 +14,7 @@
 //! into one such write.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -27,14 +28,24 @@ pub use pipe::{PipeFill, Piped, PIPES, PIPE_MAX};
 const MIN_SHIFT: u32 = 12;
 /// The largest pooled class: 32 MiB; larger buffers are not kept.
 const MAX_SHIFT: u32 = 25;
-/// Each class keeps at most this many bytes idle...
-const KEEP_BYTES: usize = 16 << 20;
-/// ...but always room for a few buffers.
+/// Each class keeps at most this many bytes idle. `braid attach`'s replay
+/// window lets 32 MiB of writes go at once when the engine's own FLUSH is
+/// answered, while the writes sent meanwhile still hold theirs: a class
+/// that kept less (it kept 16 MiB) freed half of what the window let go,
+/// and the next writes took fresh buffers that `calloc` zeroed (7% of
+/// attach's samples under 1 MiB writes, gone at 64 MiB).
+const KEEP_BYTES: usize = 64 << 20;
+/// Every class together keeps at most this much idle...
+const KEEP_TOTAL: usize = 128 << 20;
+/// ...but each always has room for a few buffers.
 const KEEP_MIN: usize = 2;
 
 /// Buffers by size class.
 pub struct Pool {
     classes: Vec<Mutex<Vec<Vec<u8>>>>,
+    /// Bytes idle in every class (updated under each class's lock, so
+    /// classes filling at once may pass [`KEEP_TOTAL`] by a buffer each).
+    idle: AtomicUsize,
 }
 
 impl Pool {
@@ -43,6 +54,7 @@ impl Pool {
             classes: (MIN_SHIFT..=MAX_SHIFT)
                 .map(|_| Mutex::new(Vec::new()))
                 .collect(),
+            idle: AtomicUsize::new(0),
         })
     }
 
@@ -85,6 +97,9 @@ impl Pool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop();
+        if let Some(d) = &reused {
+            self.idle.fetch_sub(d.len(), Ordering::Relaxed);
+        }
         let data = reused.unwrap_or_else(|| vec![0; 1 << (class as u32 + MIN_SHIFT)]);
         Buf {
             data,
@@ -104,7 +119,9 @@ impl Pool {
         let mut list = self.classes[class]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if list.len() < keep {
+        let room = self.idle.load(Ordering::Relaxed) + data.len() <= KEEP_TOTAL;
+        if list.len() < KEEP_MIN || (list.len() < keep && room) {
+            self.idle.fetch_add(data.len(), Ordering::Relaxed);
             list.push(data);
         }
     }
@@ -495,5 +512,26 @@ mod tests {
         assert_eq!(pool.idle_bytes(), KEEP_BYTES);
         let tiny = pool.get(1);
         assert_eq!(tiny.len(), 1);
+    }
+
+    #[test]
+    fn every_class_together_keeps_at_most_the_total_but_each_keeps_a_few() {
+        let pool = Pool::new();
+        for shift in [20, 21, 22] {
+            let many: Vec<Buf> = (0..100).map(|_| pool.get(1 << shift)).collect();
+            drop(many);
+        }
+        // 64 MiB of 1 MiB buffers, 64 of 2 MiB, and of 4 MiB only the few
+        // every class keeps.
+        assert_eq!(pool.idle_bytes(), KEEP_TOTAL + KEEP_MIN * (4 << 20));
+        let again: Vec<Buf> = (0..10).map(|_| pool.get(1 << 21)).collect();
+        assert_eq!(
+            pool.idle_bytes(),
+            KEEP_TOTAL + KEEP_MIN * (4 << 20) - (20 << 20)
+        );
+        // Back, they fill the total again, which the few 4 MiB ones now
+        // share: some of the ten are freed.
+        drop(again);
+        assert_eq!(pool.idle_bytes(), KEEP_TOTAL);
     }
 }
