@@ -16,7 +16,8 @@
 //! reaches no caller. A restart while it is out cancels it: a FLUSH the
 //! new target answers says nothing of writes the old one lost, so its
 //! success must not take them out of the window. One that fails is tried
-//! again after [`RETRY`]; meanwhile writes go on, and the window lets its
+//! again after [`RETRY`], twice that after a second failure in a row, and
+//! so on up to [`RETRY_MAX`]; meanwhile writes go on, and the window lets its
 //! oldest go as before (a restart then reports the loss).
 
 use std::time::Duration;
@@ -36,8 +37,12 @@ use super::{Action, Engine, Event, Op, Origin, Payload, ReqId, Submit, UserReq};
 /// 5.15-5.80 at half, in alternating rounds on a noisy host.)
 pub(super) const WRITEBACK_AT: u64 = 32 << 20;
 
-/// How long after a failed FLUSH of its own the engine tries another.
+/// How long after a failed FLUSH of its own the engine tries another...
 pub(super) const RETRY: Duration = Duration::from_secs(1);
+/// ...doubled after each failure in a row, up to this: a target whose
+/// every FLUSH fails is asked (and the failure logged) twice a minute, not
+/// every second.
+pub(super) const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The engine's FLUSH under way, and what it covers.
 #[derive(Debug, Default)]
@@ -50,6 +55,8 @@ pub(super) struct Writeback {
     under_way: u64,
     /// No new FLUSH before this, after one failed.
     retry_at: Duration,
+    /// The wait after the last failure in a row (zero after a success).
+    backoff: Duration,
 }
 
 impl Writeback {
@@ -129,13 +136,16 @@ impl Engine {
         }
         if let Some(e) = &r.error {
             self.counters.writeback_failures += 1;
-            self.writeback.retry_at = now + RETRY;
+            let w = &mut self.writeback;
+            w.backoff = (w.backoff * 2).clamp(RETRY, RETRY_MAX);
+            w.retry_at = now + w.backoff;
             self.actions
                 .push_back(Action::Event(Event::WritebackFailed {
                     error: e.to_string(),
-                    retry: RETRY,
+                    retry: w.backoff,
                 }));
         } else {
+            self.writeback.backoff = Duration::ZERO;
             self.window.flushed(r.mark);
         }
         // Still full enough (writes came meanwhile): the next one goes
@@ -145,8 +155,11 @@ impl Engine {
     }
 
     /// A restart: the engine's FLUSH out, if any, covers nothing the new
-    /// target has; its answer is only awaited.
+    /// target has; its answer is only awaited. The old target's failures
+    /// say nothing of the new one, which is asked without their wait.
     pub(super) fn writeback_cancel(&mut self) {
+        self.writeback.backoff = Duration::ZERO;
+        self.writeback.retry_at = Duration::ZERO;
         #[cfg(test)]
         if self.undo.writeback_kept {
             return;

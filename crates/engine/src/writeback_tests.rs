@@ -57,6 +57,28 @@ fn answer(h: &mut Harness, flushes: bool) {
     panic!("chunks kept coming");
 }
 
+/// Three 1 MiB writes into a window of four, acknowledged, and the
+/// engine's FLUSH they brought still out.
+fn three_written() -> Harness {
+    let mut h = harness(4);
+    for i in 0..3 {
+        write(&mut h, i, 1);
+    }
+    answer(&mut h, false);
+    h
+}
+
+/// Both paths reset, and path 0 back at a restarted target (instance 2),
+/// nothing it was sent before the reset answered.
+fn restart_on_path_0(h: &mut Harness) {
+    for i in 0..2 {
+        h.e.path_failed(h.now, PathId(i), "connection reset");
+    }
+    h.pump();
+    h.sent.clear();
+    up(h, PathId(0), 200, Instance::Known(2));
+}
+
 fn flushes_sent(h: &Harness) -> usize {
     h.log
         .iter()
@@ -89,12 +111,7 @@ fn a_client_that_never_flushes_keeps_the_window_whole() {
     assert!(kept > 0 && kept <= 8 * MIB, "{kept}");
     // The target restarts: what the window held is written again, and
     // the caller's first FLUSH succeeds.
-    for i in 0..2 {
-        h.e.path_failed(h.now, PathId(i), "connection reset");
-    }
-    h.pump();
-    h.sent.clear();
-    up(&mut h, PathId(0), 200, Instance::Known(2));
+    restart_on_path_0(&mut h);
     answer(&mut h, true);
     assert_eq!(
         h.e.volume_counters().replay_bytes,
@@ -159,11 +176,7 @@ fn an_engine_flush_out_across_a_restart_does_not_empty_the_window() {
 /// it covered, and another is tried after a while.
 #[test]
 fn a_failed_engine_flush_is_tried_again_later() {
-    let mut h = harness(4);
-    for i in 0..3 {
-        write(&mut h, i, 1);
-    }
-    answer(&mut h, false);
+    let mut h = three_written();
     let flush = h.sent.pop().expect("the engine's FLUSH");
     assert_eq!(flush.op, Op::Flush);
     h.e.reply(
@@ -190,4 +203,83 @@ fn a_failed_engine_flush_is_tried_again_later() {
     assert_eq!(flushes_sent(&h), 2, "again, a while later");
     assert!(h.e.replay_report().window_bytes < 3 * MIB);
     assert!(h.done.values().all(Result::is_ok), "no caller saw it");
+}
+
+/// Fails the engine's FLUSH out (the last one sent); the retry it told.
+fn fail_flush(h: &mut Harness) -> Duration {
+    let at = h.sent.iter().rposition(|s| s.op == Op::Flush);
+    let flush = h.sent.remove(at.expect("the engine's FLUSH out"));
+    h.log.clear();
+    let error = braid_block::Error::new(braid_block::ErrorKind::Io, "bad");
+    h.e.reply(h.now, flush.cookie, Err(error));
+    h.pump();
+    h.log
+        .iter()
+        .find_map(|a| match a {
+            Action::Event(Event::WritebackFailed { retry, .. }) => Some(*retry),
+            _ => None,
+        })
+        .expect("the failure is told")
+}
+
+/// A target whose every FLUSH fails is asked again ever more rarely (each
+/// failure a WARN in the log), up to [`writeback::RETRY_MAX`]; one that
+/// succeeds starts the count again.
+#[test]
+fn failed_engine_flushes_back_off_by_doubling_and_a_success_resets_it() {
+    let mut h = three_written();
+    let mut waits = Vec::new();
+    for round in 0..8 {
+        let wait = fail_flush(&mut h);
+        waits.push(wait);
+        h.advance(wait - Duration::from_millis(1));
+        write(&mut h, 3, round);
+        answer(&mut h, false);
+        assert_eq!(
+            h.sent.iter().filter(|s| s.op == Op::Flush).count(),
+            0,
+            "none before the wait told ({wait:?}) is over"
+        );
+        h.advance(Duration::from_millis(1));
+        write(&mut h, 3, round);
+        answer(&mut h, false);
+    }
+    let s = Duration::from_secs;
+    assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30].map(s));
+    assert_eq!(writeback::RETRY_MAX, s(30));
+    // The FLUSH out now succeeds; the next failure waits the first wait.
+    answer(&mut h, true);
+    for i in 0..3 {
+        write(&mut h, i, 9);
+    }
+    answer(&mut h, false);
+    assert_eq!(fail_flush(&mut h), writeback::RETRY);
+    assert!(
+        h.done.values().all(Result::is_ok),
+        "no caller saw any of it"
+    );
+}
+
+/// A restart ends the wait that failed FLUSHes built up: the new target
+/// is asked as soon as the window is full enough again.
+#[test]
+fn a_restart_ends_the_wait_after_failed_engine_flushes() {
+    let mut h = three_written();
+    let mut wait = Duration::ZERO;
+    for _ in 0..5 {
+        wait = fail_flush(&mut h);
+        h.advance(wait);
+        write(&mut h, 3, 1);
+        answer(&mut h, false);
+    }
+    wait = wait.max(fail_flush(&mut h));
+    assert_eq!(wait, Duration::from_secs(30));
+    restart_on_path_0(&mut h);
+    answer(&mut h, false);
+    write(&mut h, 0, 2);
+    answer(&mut h, false);
+    assert!(
+        h.sent.iter().any(|s| s.op == Op::Flush),
+        "the new target is asked at once, not after {wait:?}"
+    );
 }
