@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use braid_policy::Request as PolicyRequest;
+use smallvec::SmallVec;
 
 use super::{Engine, Op, Piece, ReqId, Submit, WRITE_PIECE};
 
@@ -45,7 +46,8 @@ impl Engine {
     /// request came, for the no-path timeout.
     pub(super) fn place(&mut self, now: Duration, id: ReqId, s: &Submit, since: Duration) {
         let piece = |req_offset: u64, len: u64| Piece::of(id, s, req_offset, len, since);
-        let mut placed: Vec<(Piece, Option<usize>)> = Vec::new();
+        // On the stack for the usual few pieces: this runs for every request.
+        let mut placed: SmallVec<[(Piece, Option<usize>); 4]> = SmallVec::new();
         self.refresh_views(now);
         let req = PolicyRequest {
             len: s.len,
@@ -96,6 +98,11 @@ impl Engine {
 /// Bytes per path of pieces the plan placed; empty unless all were
 /// placed and on more than one path.
 fn bytes_per_path(placed: &[(Piece, Option<usize>)]) -> Vec<(usize, u64)> {
+    // Most requests go whole to one path: they need no vector at all.
+    let first = placed.first().and_then(|(_, path)| *path);
+    if placed.iter().all(|(_, path)| *path == first) {
+        return Vec::new();
+    }
     let mut per: Vec<(usize, u64)> = Vec::new();
     for (p, path) in placed {
         let Some(path) = *path else {

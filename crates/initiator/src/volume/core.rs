@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use braid_block::{Error, ErrorKind, Extent};
 use braid_proto::Cookie;
 use bytes::Bytes;
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
@@ -42,10 +43,11 @@ pub(crate) struct Pending {
     pub len: u64,
     pub done: Done,
     /// The chunk each of `done.data`'s pieces came in on, so that what a
-    /// chunk brought can be dropped when it is read again.
-    pub sources: Vec<u64>,
+    /// chunk brought can be dropped when it is read again. Mostly one:
+    /// kept inline rather than allocated for every read.
+    pub sources: SmallVec<[u64; 2]>,
     /// The chunk each of `done.piped`'s pieces came in on.
-    pub piped_sources: Vec<u64>,
+    pub piped_sources: SmallVec<[u64; 2]>,
     pub finish: Finish,
 }
 
@@ -446,8 +448,8 @@ pub(crate) fn start(shared: &Arc<Shared>, req: super::Request, finish: Finish) {
         op,
         len,
         done: Done::default(),
-        sources: Vec::new(),
-        piped_sources: Vec::new(),
+        sources: SmallVec::new(),
+        piped_sources: SmallVec::new(),
         finish,
     };
     let id = core.engine.submit(now, submit);

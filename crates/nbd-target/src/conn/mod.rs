@@ -334,12 +334,12 @@ async fn transmission(
             rd,
             leftover,
             Reader {
-                style: ReplyStyle {
+                style: Arc::new(ReplyStyle {
                     structured: session.structured,
                     contexts: session.contexts.clone(),
                     zero_copy,
                     sendfile: zero_copy && ctx.sendfile.allows(same_host),
-                },
+                }),
                 negotiated: session.negotiated(),
                 export,
                 conn: conn.clone(),
@@ -389,7 +389,10 @@ async fn transmission(
 }
 
 struct Reader {
-    style: ReplyStyle,
+    /// Shared by every request's reply rather than copied into each: its
+    /// contexts are a vector of names (two allocations a request for a
+    /// client that selected `base:allocation`, as qemu and nbdcopy do).
+    style: Arc<ReplyStyle>,
     negotiated: braid_proto::Negotiated,
     export: Arc<Export>,
     conn: Arc<Conn>,

@@ -30,7 +30,7 @@ use braid_store::registry::Conn;
 struct Answer {
     conn: Arc<Conn>,
     export: Arc<Export>,
-    style: ReplyStyle,
+    style: Arc<ReplyStyle>,
     tx: mpsc::UnboundedSender<Outgoing>,
 }
 

@@ -10,6 +10,7 @@
 
 use braid_block::ErrorKind;
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use super::{Core, Done, Pending};
 use crate::engine::{ChunkInfo, IoError, Op};
@@ -50,10 +51,10 @@ pub(crate) fn pipe_ok(
 pub(crate) fn forget(p: &mut Pending, cookie: u64) {
     let mut keep = p.piped_sources.iter().map(|&c| c != cookie);
     p.done.piped.retain(|_| keep.next().unwrap_or(true));
-    p.piped_sources.retain(|&c| c != cookie);
+    p.piped_sources.retain(|c| *c != cookie);
     let mut keep = p.sources.iter().map(|&c| c != cookie);
     p.done.data.retain(|_| keep.next().unwrap_or(true));
-    p.sources.retain(|&c| c != cookie);
+    p.sources.retain(|c| *c != cookie);
 }
 
 /// Puts a read's pieces, buffered and piped, in order and checks they
@@ -61,7 +62,7 @@ pub(crate) fn forget(p: &mut Pending, cookie: u64) {
 pub(crate) fn assemble(mut done: Done, len: u64) -> Result<Done, IoError> {
     done.data.sort_by_key(|(off, _)| *off);
     done.piped.sort_by_key(|(off, _)| *off);
-    let mut spans: Vec<(u64, u64)> = done
+    let mut spans: SmallVec<[(u64, u64); 4]> = done
         .data
         .iter()
         .map(|(off, b)| (*off, b.len() as u64))
