@@ -100,21 +100,19 @@ impl Engine {
 fn bytes_per_path(placed: &[(Piece, Option<usize>)]) -> Vec<(usize, u64)> {
     // Most requests go whole to one path: they need no vector at all.
     let first = placed.first().and_then(|(_, path)| *path);
-    if placed.iter().all(|(_, path)| *path == first) {
+    let unplaced = placed.iter().any(|(_, path)| path.is_none());
+    if unplaced || placed.iter().all(|(_, path)| *path == first) {
         return Vec::new();
     }
     let mut per: Vec<(usize, u64)> = Vec::new();
-    for (p, path) in placed {
-        let Some(path) = *path else {
-            return Vec::new();
-        };
+    for (p, path) in placed
+        .iter()
+        .filter_map(|(p, path)| path.map(|path| (p, path)))
+    {
         match per.iter_mut().find(|(q, _)| *q == path) {
             Some((_, b)) => *b += u64::from(p.len),
             None => per.push((path, u64::from(p.len))),
         }
-    }
-    if per.len() < 2 {
-        per.clear();
     }
     per
 }
