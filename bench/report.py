@@ -239,7 +239,8 @@ def attach_summary(res):
         "Summary through `braid attach`",
         "`braid attach` in the client namespace over every path (the URI `braid bench` is given), its local "
         "NBD socket driven by fio (`ioengine=nbd`) and by nbdcopy (the whole volume written from a file of "
-        "random bytes, read back into a file and compared byte for byte), while the same `braid serve` runs. "
+        "random bytes, read to `null:` as the peers' rows are, then read again into a file and compared byte "
+        "for byte), while the same `braid serve` runs. "
         "Ratios to the same iperf3 all-paths limit, read / write; `braid bench` is adaptive. CPU is seconds "
         "per GiB moved of each process, at 1 MiB QD16 read / write.",
         ["scenario", "limit MB/s", "braid bench QD16", "attach + fio QD16", "attach + nbdcopy",
@@ -365,8 +366,11 @@ def headline(sc):
     if find(sc, ATTACH_FIO, "seq read 1M QD16"):
         out.append(line("braid attach + fio, 1 MiB QD16", find(sc, ATTACH_FIO, "seq read 1M QD16"),
                         find(sc, ATTACH_FIO, "seq write 1M QD16"), find(sc, ATTACH_FIO, "randread 4K QD32")))
-        out.append(line("braid attach + nbdcopy (verified)", find(sc, ATTACH_COPY, "seq read (nbdcopy)"),
+        out.append(line("braid attach + nbdcopy (read to null:)", find(sc, ATTACH_COPY, "seq read (nbdcopy)"),
                         find(sc, ATTACH_COPY, "seq write (nbdcopy)"), None, with_iops=False))
+        back = find(sc, ATTACH_COPY, "seq read into a file (nbdcopy, verified)")
+        out.append(f"| braid attach + nbdcopy, read into a new file (verified) | {cell(back, 'mb_s')} | "
+                   f"{fmt(ratio(sc, back), 2)} | | | | |")
     if find(sc, ISCSI, "seq read 1M QD16"):
         out.append(line("libiscsi over tgt, path 1, 1 MiB QD16", find(sc, ISCSI_PEER_READ, "seq read 1M QD16"),
                         find(sc, ISCSI_PEER_WRITE, "seq write 1M QD16"), None, with_iops=False))
