@@ -249,8 +249,8 @@ fn a_stalled_gateways_held_write_never_lands_over_a_newer_one() {
         // Both paths carry the first run, so the engine knows their speed
         // when the second begins.
         let before = failkit::run(vol.clone(), load(Duration::from_secs(2)), Instant::now()).await;
+        let r = vol.report();
         let moved = |p: u16| {
-            let r = vol.report();
             cephkit::path_to(&r, &at(p).to_string())
                 .figures
                 .counters
